@@ -1,0 +1,37 @@
+# The two commands of the quick start: `make demo` and `make test`. Each installs what it needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint sshd-deps bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[trainer,dev]'
+	@touch $@
+
+# The real-sshd tests need OpenSSH's server. As root we install it when missing; otherwise those
+# tests skip and say why (CI runs as root, so there they run).
+sshd-deps:
+	@if ! command -v sshd >/dev/null && [ ! -x /usr/sbin/sshd ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing openssh-server (needed by the loopback sshd tests)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server) >/dev/null; \
+	  else echo "openssh-server missing and not root: sshd tests will skip"; fi; \
+	fi
+	@if [ "$$(id -u)" = 0 ]; then mkdir -p /run/sshd; fi
+
+test: $(STAMP) sshd-deps
+	$(VENV)/bin/ruff check dflashctl trainer tests benchmarks
+	$(PY) -m pytest -p no:cacheprovider
+
+demo: $(STAMP)
+	@bash scripts/demo.sh
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check dflashctl trainer tests benchmarks
+
+clean:
+	rm -rf $(VENV) .dflash .pytest_cache

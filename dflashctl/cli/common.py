@@ -1,0 +1,48 @@
+"""Shared CLI plumbing: the consoles, one-line errors, JSON output, host selection options."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from dflashctl.model import SCHEMA
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+class Exit(Exception):
+    """Raised by a command to return an exit code after it has rendered its output."""
+
+    def __init__(self, code: int):
+        self.code = int(code)
+
+
+def error(message: str, *, hint: str | None = None) -> None:
+    """nvitop's style: the prefix coloured, the message plain, on stderr, one line (+ a hint)."""
+    line = message.splitlines()[0] if message else "error"
+    err_console.print(f"[bold red]ERROR:[/] {line}", markup=True, soft_wrap=True, highlight=False)
+    if hint:
+        err_console.print(f"[bold yellow]HINT:[/] {hint}", soft_wrap=True)
+
+
+def print_json(doc: dict[str, Any]) -> None:
+    """One JSON document (or one JSON Lines record) with the schema field first."""
+    out = {"schema": SCHEMA, **{k: v for k, v in doc.items() if k != "schema"}}
+    sys.stdout.write(json.dumps(out, default=str) + "\n")
+    sys.stdout.flush()
+
+
+HostsOpt = typer.Option(None, "--hosts", help="hosts.toml to use (else $DFLASHCTL_HOSTS, ./hosts.toml, "
+                        "~/.config/dflashctl/hosts.toml)", metavar="FILE")
+HostOpt = typer.Option(None, "--host", "-H", help="host name from hosts.toml (default: its `default`)")
+JsonOpt = typer.Option(False, "--json", help="print JSON (schema 1) instead of a table")
+
+
+def hosts_path(value: Path | None) -> Path | None:
+    return value

@@ -1,0 +1,62 @@
+"""Exit codes and the one exception type the CLI turns into a one-line error.
+
+The codes are a contract (DESIGN §5, SkyPilot's convention): scripts and CI branch on them.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    USAGE = 2  # usage or config error (also: auth failure, host key mismatch)
+    CRASHED = 100  # run crashed / lost, or launch could not confirm the run started
+    NOT_FINISHED = 101  # launch --wait timed out, remote command timed out
+    NOT_FOUND = 102  # run or host not found, host unreachable, container not running
+    STOPPED = 103  # stopped by user
+    STALLED = 104  # stalled run / idle-allocated GPUs
+    DEGRADED = 105  # a worker thread crashed, process alive
+
+
+class DflashError(Exception):
+    """An expected failure: printed as one line (plus an optional hint), never a traceback."""
+
+    exit_code: ExitCode = ExitCode.USAGE
+
+    def __init__(self, message: str, *, hint: str | None = None, exit_code: ExitCode | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class ConfigError(DflashError):
+    exit_code = ExitCode.USAGE
+
+
+class NotFound(DflashError):
+    exit_code = ExitCode.NOT_FOUND
+
+
+class ConnectFailed(DflashError):
+    """Host unreachable: refused, timed out, name not resolved."""
+
+    exit_code = ExitCode.NOT_FOUND
+
+
+class AuthFailed(DflashError):
+    exit_code = ExitCode.USAGE
+
+
+class HostKeyError(DflashError):
+    exit_code = ExitCode.USAGE
+
+
+class ContainerNotRunning(DflashError):
+    exit_code = ExitCode.NOT_FOUND
+
+
+class RemoteTimeout(DflashError):
+    exit_code = ExitCode.NOT_FINISHED

@@ -1,0 +1,141 @@
+"""Plain records shared by every layer: hosts, GPU samples, threads, verdicts.
+
+No I/O here and nothing that renders; analysis/ produces these, remote/ fills them from the
+probe, commands/ returns them, cli/ draws them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Literal
+
+MiB = float
+Percent = float
+Watts = float
+Seconds = float
+
+SCHEMA = 1  # every JSON document we print carries "schema": SCHEMA
+
+TransportKind = Literal["local", "ssh"]
+
+
+@dataclass(frozen=True)
+class Host:
+    """One entry of hosts.toml. `container` set means every command runs under `pct exec CTID --`."""
+
+    name: str
+    transport: TransportKind = "local"
+    address: str | None = None
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | None = None
+    proxy_jump: str | None = None
+    container: int | None = None
+    workspace: str = "/workspace/dflash"
+    python: str = "python3"
+    gpus_target: tuple[int, ...] = ()
+    gpus_drafters: tuple[int, ...] = ()
+    config: str | None = None  # trainer config launched when --config is not given
+    accept_new_host_key: bool = False
+    source: Path | None = None  # the hosts.toml this came from (for error messages)
+
+    @property
+    def label(self) -> str:
+        where = self.address or "localhost"
+        return f"{self.name} ({where}{f' ct {self.container}' if self.container is not None else ''})"
+
+
+class Verdict(StrEnum):
+    """One verdict per run (DESIGN §5). Values are the JSON contract."""
+
+    STARTING = "starting"
+    TRAINING = "training"
+    DEGRADED = "degraded"
+    STALLED = "stalled"
+    CRASHED = "crashed"
+    FINISHED = "finished"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+    @property
+    def exit_code(self) -> int:
+        return _VERDICT_EXIT[self]
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (Verdict.CRASHED, Verdict.FINISHED, Verdict.STOPPED, Verdict.LOST)
+
+
+_VERDICT_EXIT = {
+    Verdict.STARTING: 0,
+    Verdict.TRAINING: 0,
+    Verdict.FINISHED: 0,
+    Verdict.CRASHED: 100,
+    Verdict.LOST: 100,
+    Verdict.STOPPED: 103,
+    Verdict.STALLED: 104,
+    Verdict.DEGRADED: 105,
+}
+
+
+class GpuFinding(StrEnum):
+    BUSY = "busy"
+    IDLE = "idle"
+    IDLE_ALLOCATED = "idle-allocated"
+    ORPHANED = "orphaned"
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One reading of one GPU. None means "not available" (decided once, in the parser)."""
+
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    memory_used_mib: MiB | None = None
+    memory_total_mib: MiB | None = None
+    utilization_pct: Percent | None = None
+    power_w: Watts | None = None
+    timestamp: float | None = None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process on a GPU, as `nvidia-smi --query-compute-apps` or NVML reports it."""
+
+    pid: int
+    used_memory_mib: MiB | None
+    gpu_uuid: str | None
+
+
+@dataclass
+class ThreadState:
+    name: str
+    state: Literal["running", "crashed", "finished"] = "running"
+    exception: str | None = None  # type as the traceback prints it, e.g. torch.OutOfMemoryError
+    message: str | None = None
+    traceback: str | None = None
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A known failure: stable id (JSON contract), one-line summary, what to do."""
+
+    id: str
+    summary: str
+    remedy: str
+
+
+@dataclass(frozen=True)
+class SignatureHit:
+    signature: Signature
+    line: int  # 1-based line number in the log
+    text: str
+
+
+@dataclass
+class ProgressPoint:
+    line: int
+    values: dict[str, float] = field(default_factory=dict)  # step, loss, tok/s, acc_len, lr ...

@@ -1,0 +1,87 @@
+"""A Target is where commands really run: the host's shell, or `pct exec CTID --` inside it.
+
+`pct exec` hands argv to lxc-attach with no shell, forwards stdin and returns the command's exit
+status, so wrapping is just a prefix. `pct status CTID` is checked once, before the first command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from dflashctl.errors import ContainerNotRunning, NotFound
+from dflashctl.model import Host
+from dflashctl.remote.transport import Result, Transport
+
+
+class Target:
+    def __init__(self, host: Host, transport: Transport):
+        self.host = host
+        self.transport = transport
+        self._checked = host.container is None
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        if self.host.container is None:
+            return list(argv)
+        return ["pct", "exec", str(self.host.container), "--", *argv]
+
+    def ensure_running(self) -> None:
+        if self._checked:
+            return
+        ct = str(self.host.container)
+        res = self.transport.run(["pct", "status", ct], timeout=30)
+        text = res.out.strip()
+        if not res.ok:
+            raise NotFound(
+                f"host {self.host.name}: container {ct} not found ({res.tail() or f'pct exit {res.exit_code}'})",
+                hint="check `container` in hosts.toml against `pct list` on the Proxmox host",
+            )
+        if text != "status: running":
+            raise ContainerNotRunning(
+                f"host {self.host.name}: container {ct} is not running ({text or 'no status'})",
+                hint=f"start it on the Proxmox host with `pct start {ct}`",
+            )
+        self._checked = True
+
+    def run(
+        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> Result:
+        self.ensure_running()
+        return self.transport.run(self.wrap(argv), stdin=stdin, timeout=timeout)
+
+    def stream(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Iterator[bytes]:
+        self.ensure_running()
+        return self.transport.stream(self.wrap(argv), stdin=stdin)
+
+    def run_host(
+        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> Result:
+        """Run on the Proxmox host itself, outside the container (host-side nvidia-smi)."""
+        return self.transport.run(argv, stdin=stdin, timeout=timeout)
+
+    def python(
+        self, script: str, *args: str, timeout: float | None = None
+    ) -> Result:
+        """Run a stdlib Python script sent on stdin: no quoting of the script, ever."""
+        return self.run([self.host.python, "-", *args], stdin=script.encode(), timeout=timeout)
+
+    def write_file(self, path: str, data: bytes, *, timeout: float | None = 60) -> None:
+        """Write bytes to a path on the target (atomically: temp file, then rename)."""
+        script = (
+            "import os,sys\n"
+            "p=sys.argv[1]; t=p+'.tmp-%d'%os.getpid()\n"
+            "os.makedirs(os.path.dirname(p) or '.', exist_ok=True)\n"
+            "with open(t,'wb') as f: f.write(sys.stdin.buffer.read()); f.flush(); os.fsync(f.fileno())\n"
+            "os.replace(t,p)\n"
+        )
+        # The script travels as an argument to -c (quoted once by the transport), the data on stdin.
+        res = self.run([self.host.python, "-c", script, path], stdin=data, timeout=timeout)
+        res.check(f"writing {path} on {self.host.name}")
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> Target:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
