@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from dflashctl.model import SCHEMA
 
@@ -26,9 +27,10 @@ class Exit(Exception):
 def error(message: str, *, hint: str | None = None) -> None:
     """nvitop's style: the prefix coloured, the message plain, on stderr, one line (+ a hint)."""
     line = message.splitlines()[0] if message else "error"
-    err_console.print(f"[bold red]ERROR:[/] {line}", markup=True, soft_wrap=True, highlight=False)
+    # escape(): messages quote config text such as "[hosts.pve]", which rich would eat as markup
+    err_console.print(f"[bold red]ERROR:[/] {escape(line)}", markup=True, soft_wrap=True, highlight=False)
     if hint:
-        err_console.print(f"[bold yellow]HINT:[/] {hint}", soft_wrap=True)
+        err_console.print(f"[bold yellow]HINT:[/] {escape(hint)}", soft_wrap=True)
 
 
 def print_json(doc: dict[str, Any]) -> None:

@@ -1,0 +1,121 @@
+"""CLI verbs: `hosts` (the inventory as a table) and `hosts check` (is each host ready?)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from dflashctl.cli import app
+from dflashctl.cli.common import Exit, HostsOpt, JsonOpt, console, error, print_json
+from dflashctl.config import Inventory, load_inventory
+from dflashctl.model import Host
+
+hosts_app = typer.Typer(
+    help="The hosts inventory (hosts.toml): list it, or check that hosts are ready.",
+    no_args_is_help=False,
+    add_completion=False,
+)
+app.add_typer(hosts_app, name="hosts")
+
+
+@app.command("version")
+def version() -> None:
+    """Print the dflashctl version."""
+    from dflashctl import __version__
+
+    print(__version__)
+
+
+def _host_json(host: Host, inv: Inventory) -> dict[str, Any]:
+    return {
+        "name": host.name, "default": host.name == inv.default, "transport": host.transport,
+        "address": host.address, "user": host.user, "port": host.port, "identity_file": host.identity_file,
+        "proxy_jump": host.proxy_jump, "container": host.container, "workspace": host.workspace,
+        "python": host.python, "gpus": {"target": list(host.gpus_target), "drafters": list(host.gpus_drafters)},
+        "config": host.config, "accept_new_host_key": host.accept_new_host_key,
+    }
+
+
+def _address(host: Host) -> str:
+    if host.transport == "local":
+        return "this machine"
+    user = f"{host.user}@" if host.user else ""
+    port = f":{host.port}" if host.port else ""
+    jump = f" via {host.proxy_jump}" if host.proxy_jump else ""
+    return f"{user}{host.address}{port}{jump}"
+
+
+def _gpus(host: Host) -> str:
+    if not host.gpus_target and not host.gpus_drafters:
+        return "cpu"
+    fmt = ",".join
+    return f"target {fmt(map(str, host.gpus_target)) or '-'} / drafters {fmt(map(str, host.gpus_drafters)) or '-'}"
+
+
+@hosts_app.callback(invoke_without_command=True)
+def hosts_list(ctx: typer.Context, hosts: Path | None = HostsOpt, json_out: bool = JsonOpt) -> None:
+    """List the hosts of the inventory (the default one is marked *)."""
+    ctx.obj = hosts
+    if ctx.invoked_subcommand is not None:
+        return
+    inv = load_inventory(hosts)
+    if json_out:
+        print_json({"source": str(inv.path) if inv.path else None, "default": inv.default,
+                    "hosts": [_host_json(inv.hosts[n], inv) for n in inv.names()]})
+        return
+    table = Table(title=f"hosts from {inv.source}", title_justify="left", title_style="")
+    for col in ("", "NAME", "TRANSPORT", "ADDRESS", "CONTAINER", "WORKSPACE", "PYTHON", "GPUS"):
+        table.add_column(col, overflow="fold")
+    for name in inv.names():
+        h = inv.hosts[name]
+        cells = (name, h.transport, _address(h), str(h.container) if h.container is not None else "-",
+                 h.workspace, h.python, _gpus(h))
+        table.add_row("*" if name == inv.default else "", *map(escape, cells))
+    console.print(table)
+
+
+_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+@hosts_app.command("check")
+def hosts_check(
+    ctx: typer.Context,
+    names: list[str] | None = typer.Argument(None, metavar="HOST", help="hosts to check (default: all)"),
+    hosts: Path | None = HostsOpt,
+    json_out: bool = JsonOpt,
+    timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="seconds allowed for each host's checks"),
+) -> None:
+    """Connect to each host and check: container running, python, nvidia-smi + GPUs, workspace, disk.
+
+    Exit 0 only when every check passes (warnings pass). Hosts are checked concurrently."""
+    from dflashctl.commands.hosts import check_hosts
+
+    inv = load_inventory(hosts or ctx.obj)
+    selected = [inv.get(n) for n in names] if names else [inv.hosts[n] for n in inv.names()]
+    reports = check_hosts(selected, timeout=timeout)
+    code = max((r.exit_code for r in reports), default=0, key=lambda c: (c != 0, c))
+    if json_out:
+        print_json({"ok": all(r.ok for r in reports), "hosts": [r.to_json() for r in reports]})
+        raise Exit(code)
+    table = Table(title=f"hosts check ({inv.source})", title_justify="left", title_style="")
+    for col in ("HOST", "CHECK", "RESULT", "DETAIL"):
+        table.add_column(col, overflow="fold")
+    for r in reports:
+        for i, c in enumerate(r.checks):
+            table.add_row(r.host.name if i == 0 else "", c.name, f"[{_STYLE[c.status]}]{c.status}[/]",
+                          escape(c.detail))
+        table.add_section()
+    console.print(table)
+    ready = sum(r.ok for r in reports)
+    console.print(f"{ready}/{len(reports)} host{'s' if len(reports) != 1 else ''} ready")
+    for r in reports:
+        if r.error is not None:
+            error(r.error.message, hint=r.error.hint)
+        else:
+            for c in r.problems():
+                error(f"host {r.host.name}: {c.name}: {c.detail}")
+    raise Exit(code)

@@ -1,0 +1,211 @@
+"""`hosts check`: is each host ready to run training? Plain functions; they print nothing.
+
+A check is: connect, the container is running, python is new enough, nvidia-smi is present and how
+many GPUs it lists, the workspace is writable, free disk. Everything after "connect" and
+"container" is gathered by one stdlib script sent on stdin (one round trip per host). Hosts are
+checked concurrently: a dead host costs its connect timeout once, not once per host.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dflashctl.errors import DflashError, ExitCode
+from dflashctl.model import Host
+from dflashctl.remote import connect
+
+Status = Literal["ok", "warn", "fail", "skip"]
+CHECKS = ("connect", "container", "python", "gpus", "workspace", "disk")
+MIN_PYTHON = (3, 10)  # torch 2.13 and the trainer need it
+GiB = 1024**3
+DISK_FAIL_BYTES = 1 * GiB
+DISK_WARN_BYTES = 10 * GiB
+_MARK = "DFLASHCTL-CHECK "
+
+CHECK_SCRIPT = r'''
+import json, os, shutil, subprocess, sys, tempfile
+ws = sys.argv[1]
+r = {"python": ".".join(map(str, sys.version_info[:3])), "executable": sys.executable}
+smi = shutil.which("nvidia-smi")
+if smi is None:
+    r["nvidia_smi"] = None
+else:
+    try:
+        p = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60)
+        lines = (p.stdout + p.stderr).strip().splitlines()
+        r["nvidia_smi"] = {"path": smi, "code": p.returncode, "message": lines[-1] if lines else "",
+                           "gpus": [ln for ln in p.stdout.splitlines() if ln.startswith("GPU ")]}
+    except (OSError, subprocess.SubprocessError) as e:
+        r["nvidia_smi"] = {"path": smi, "code": -1, "message": str(e), "gpus": []}
+try:
+    os.makedirs(ws, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=ws, prefix=".dflashctl-check-")
+    os.write(fd, b"ok")
+    os.close(fd)
+    os.unlink(tmp)
+    r["workspace"] = {"writable": True}
+except OSError as e:
+    r["workspace"] = {"writable": False, "error": "%s: %s" % (e.strerror or e, e.filename or ws)}
+probe = ws
+while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+    probe = os.path.dirname(probe)
+try:
+    u = shutil.disk_usage(probe)
+    r["disk"] = {"free_bytes": u.free, "total_bytes": u.total, "path": probe}
+except OSError as e:
+    r["disk"] = {"error": str(e)}
+print("DFLASHCTL-CHECK " + json.dumps(r))
+'''
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+
+
+@dataclass
+class HostReport:
+    host: Host
+    checks: list[Check] = field(default_factory=list)
+    error: DflashError | None = None  # the failure that stopped the checks, if one did
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != "fail" for c in self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when ready; else the stopping error's code (102 unreachable, 2 auth/host key,
+        101 timeout), or 2 when the host answers but does not match what hosts.toml asks for."""
+        if self.ok:
+            return int(ExitCode.OK)
+        return int(self.error.exit_code) if self.error is not None else int(ExitCode.USAGE)
+
+    def problems(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "fail"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.host.name, "ok": self.ok, "exit_code": self.exit_code,
+                "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in self.checks]}
+
+
+def check_hosts(hosts: Sequence[Host], *, timeout: float = 60.0) -> list[HostReport]:
+    """Check every host concurrently; reports come back in the order given."""
+    if not hosts:
+        return []
+    with ThreadPoolExecutor(max_workers=min(8, len(hosts)), thread_name_prefix="hosts-check") as pool:
+        return list(pool.map(lambda h: check_host(h, timeout=timeout), hosts))
+
+
+def check_host(host: Host, *, timeout: float = 60.0) -> HostReport:
+    report = HostReport(host)
+    add = report.checks.append
+    target = connect(host)
+    try:
+        try:
+            connect_now = getattr(target.transport, "check_connection", None)
+            if connect_now is not None:
+                connect_now()
+            add(Check("connect", "ok", _where(host)))
+        except DflashError as e:
+            return _stop(report, "connect", e)
+        if host.container is None:
+            add(Check("container", "skip", "none (commands run on the host)"))
+        else:
+            try:
+                target.ensure_running()
+                add(Check("container", "ok", f"CT {host.container} running"))
+            except DflashError as e:
+                return _stop(report, "container", e)
+        try:
+            res = target.python(CHECK_SCRIPT, host.workspace, timeout=timeout)
+        except DflashError as e:
+            return _stop(report, "python", e)
+        info = _parse(res.out)
+        if info is None:
+            why = res.tail() or f"exit {res.exit_code}"
+            e = DflashError(f"host {host.name}: `{host.python}` could not run the check script: {why}",
+                            hint="set `python` for this host in hosts.toml to a Python >= 3.10")
+            return _stop(report, "python", e)
+        report.checks.extend(_judge(host, info))
+        return report
+    finally:
+        target.close()
+
+
+def _where(host: Host) -> str:
+    if host.transport == "local":
+        return "this machine"
+    user = f"{host.user}@" if host.user else ""
+    port = f":{host.port}" if host.port else ""
+    via = f" via {host.proxy_jump}" if host.proxy_jump else ""
+    return f"ssh {user}{host.address}{port}{via}"
+
+
+def _stop(report: HostReport, check: str, error: DflashError) -> HostReport:
+    """A failed step makes the later ones meaningless: mark them skipped, keep the error."""
+    report.error = error
+    report.checks.append(Check(check, "fail", error.message))
+    done = {c.name for c in report.checks}
+    report.checks.extend(Check(name, "skip", f"not checked ({check} failed)") for name in CHECKS if name not in done)
+    return report
+
+
+def _parse(out: str) -> dict[str, Any] | None:
+    for line in out.splitlines():
+        if line.startswith(_MARK):
+            try:
+                return json.loads(line[len(_MARK):])
+            except ValueError:
+                return None
+    return None
+
+
+def _judge(host: Host, info: dict[str, Any]) -> list[Check]:
+    checks = []
+    version = tuple(int(p) for p in str(info.get("python", "0")).split(".")[:3])
+    vtext = f"{info.get('python')} ({info.get('executable')})"
+    if version[:2] < MIN_PYTHON:
+        checks.append(Check("python", "fail", f"{vtext}: need >= {'.'.join(map(str, MIN_PYTHON))}"))
+    else:
+        checks.append(Check("python", "ok", vtext))
+    checks.append(_judge_gpus(host, info.get("nvidia_smi")))
+    ws = info.get("workspace") or {}
+    if ws.get("writable"):
+        checks.append(Check("workspace", "ok", f"{host.workspace} writable"))
+    else:
+        checks.append(Check("workspace", "fail", f"{host.workspace} not writable ({ws.get('error', 'unknown')})"))
+    disk = info.get("disk") or {}
+    if "free_bytes" in disk:
+        free, total = disk["free_bytes"], disk["total_bytes"]
+        text = f"{free / GiB:.1f} GiB free of {total / GiB:.1f} GiB"
+        status: Status = "fail" if free < DISK_FAIL_BYTES else "warn" if free < DISK_WARN_BYTES else "ok"
+        checks.append(Check("disk", status, text))
+    else:
+        checks.append(Check("disk", "fail", f"cannot measure free disk ({disk.get('error', 'unknown')})"))
+    return checks
+
+
+def _judge_gpus(host: Host, smi: dict[str, Any] | None) -> Check:
+    wanted = sorted(set(host.gpus_target) | set(host.gpus_drafters))
+    cpu_host = not wanted
+    if smi is None:
+        if cpu_host:
+            return Check("gpus", "warn", "nvidia-smi not found: CPU only (no GPUs listed in hosts.toml)")
+        return Check("gpus", "fail", f"nvidia-smi not found, but hosts.toml uses GPUs {wanted}")
+    gpus = smi.get("gpus") or []
+    if smi.get("code") != 0 or not gpus:
+        text = f"nvidia-smi exit {smi.get('code')}: {smi.get('message') or 'no output'}"
+        return Check("gpus", "warn" if cpu_host else "fail", text)
+    names = sorted({g.split(":", 1)[1].split("(UUID")[0].strip() for g in gpus if ":" in g})
+    text = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} ({', '.join(names)})"
+    missing = [i for i in wanted if i >= len(gpus)]
+    if missing:
+        return Check("gpus", "fail", f"{text}, but hosts.toml uses GPU {missing[0]}")
+    return Check("gpus", "ok", text)

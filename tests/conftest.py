@@ -1,0 +1,62 @@
+"""Shared fixtures. The harness (real sshd, pct and nvidia-smi stand-ins) is documented in
+tests/harness/README.md; `sshd_server`, `pve` and `local_host` are the public fixtures."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # makes `harness` importable from any test
+
+from harness.envs import LocalEnv, PveEnv  # noqa: E402
+from harness.sshd import SshdServer, why_sshd_cannot_run  # noqa: E402
+
+SSHD_FIXTURES = {"sshd_server", "pve"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that use the real sshd carry the `sshd` marker (select with -m sshd)."""
+    for item in items:
+        if SSHD_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.sshd)
+
+
+@pytest.fixture(scope="session")
+def sshd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdServer]:
+    """A real OpenSSH sshd on 127.0.0.1:<free port>, for the whole session. Skips with the reason
+    where it cannot run; with DFLASHCTL_REQUIRE_SSHD=1 (make test, CI) that is a failure instead."""
+    reason = why_sshd_cannot_run()
+    if reason:
+        if os.environ.get("DFLASHCTL_REQUIRE_SSHD") == "1":
+            pytest.fail(f"sshd tests cannot run but DFLASHCTL_REQUIRE_SSHD=1: {reason}")
+        pytest.skip(f"sshd tests skipped: {reason}")
+    server = SshdServer(tmp_path_factory.mktemp("sshd")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pve(sshd_server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PveEnv]:
+    """A Proxmox-like host over the real sshd with one running container (fresh per test)."""
+    env = PveEnv(sshd_server, tmp_path)
+    for key, value in env.env.items():
+        monkeypatch.setenv(key, value)
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+@pytest.fixture
+def local_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalEnv:
+    """The `local` transport with a temp workspace; nvidia-smi absent until set_gpus()."""
+    env = LocalEnv(tmp_path)
+    for key, value in env.env.items():
+        monkeypatch.setenv(key, value)
+    return env

@@ -1,0 +1,212 @@
+"""Per-test environments on top of the sshd harness: a Proxmox-like host with one container
+(`PveEnv`) and a plain local host (`LocalEnv`). See tests/harness/README.md for how to use them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dflashctl.model import Host
+from harness.sshd import BIN, HARNESS, SshdServer
+
+# CTIDs: 200, 201, … offset per pytest process so that concurrent sessions on one machine (each
+# with its own sshd and pct state) never share a cgroup lxc/<CTID>.
+_ctids = itertools.count(200 + 1000 * (os.getpid() % 1000))
+NVIDIA_SMI = HARNESS / "gpu" / "nvidia-smi"  # not on PATH itself: set_gpus() links it into a PATH dir
+
+
+def toml_str(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+class GpuScript:
+    """Writes the scenario the nvidia-smi stand-in reads; installs / removes it from PATH."""
+
+    def __init__(self, scenario: Path, bin_dir: Path):
+        self.scenario = scenario
+        self.bin_dir = bin_dir
+        self.link = bin_dir / "nvidia-smi"
+        self.set(None)
+
+    def set(self, gpus: Sequence[dict[str, Any]] | None, processes: Sequence[dict[str, Any]] = ()) -> None:
+        """gpus=None: nvidia-smi absent (command not found); []: present, "No devices were found"."""
+        self.frames(None if gpus is None else [list(gpus)], processes)
+
+    def frames(self, frames: Sequence[Sequence[dict[str, Any]]] | None,
+               processes: Sequence[dict[str, Any]] = ()) -> None:
+        """Samples over time: each nvidia-smi query consumes the next frame; the last one repeats."""
+        Path(str(self.scenario) + ".count").unlink(missing_ok=True)
+        if frames is None:
+            self.link.unlink(missing_ok=True)
+            self.scenario.unlink(missing_ok=True)
+            return
+        self._write({"frames": [list(f) for f in frames], "processes": list(processes)})
+
+    def fail(self, message: str | None = None, code: int = 9) -> None:
+        """nvidia-smi present but the driver is broken (the real tool's exit 9 text by default)."""
+        doc: dict[str, Any] = {"fail": {"code": code}}
+        if message is not None:
+            doc["fail"]["message"] = message
+        self._write(doc)
+
+    def extra(self, **fields: Any) -> None:
+        """Add options to the current scenario: sleep=SECONDS (hang like a wedged GPU), or
+        rendezvous={"dir": ..., "count": N} (each call waits until N calls run at once)."""
+        doc = json.loads(self.scenario.read_text()) if self.scenario.exists() else {"frames": []}
+        doc.update(fields)
+        self._write(doc)
+
+    def _write(self, doc: dict[str, Any]) -> None:
+        tmp = self.scenario.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(self.scenario)
+        if not self.link.is_symlink():
+            self.link.symlink_to(NVIDIA_SMI)
+
+
+@dataclass
+class PveEnv:
+    """A Proxmox-like host reached over the real test sshd, with one running container.
+
+    `host` is a Host(transport="ssh", container=CTID); inside the container /workspace is
+    `workspace_dir` on this machine. `hosts_file` has default = "pve" plus a `local` host.
+    """
+
+    sshd: SshdServer
+    tmp: Path
+    ctid: int = field(default_factory=lambda: next(_ctids))
+
+    def __post_init__(self) -> None:
+        self.workspace_dir = self.tmp / f"ct{self.ctid}-workspace"
+        self.workspace_dir.mkdir(parents=True, exist_ok=True)
+        self.local_workspace_dir = self.tmp / "local-workspace"
+        self.conf = self.sshd.pct_state / "lxc" / f"{self.ctid}.conf"
+        self.conf.write_text(f"workspace={self.workspace_dir}\n")
+        self.gpus = GpuScript(self.sshd.gpu_scenario, self.sshd.gpu_bin)
+        self.host = Host(
+            name="pve", transport="ssh", address=self.sshd.address, port=self.sshd.port, user="root",
+            identity_file=str(self.sshd.client_key), container=self.ctid, workspace="/workspace/dflash",
+            python="python3",
+        )
+        self.hosts_file = self.tmp / "hosts.toml"
+        self.hosts_file.write_text(
+            'default = "pve"\n\n'
+            "[hosts.pve]\n"
+            'transport = "ssh"\n'
+            f"address = {toml_str(self.sshd.address)}\n"
+            f"port = {self.sshd.port}\n"
+            'user = "root"\n'
+            f"identity_file = {toml_str(str(self.sshd.client_key))}\n"
+            f"container = {self.ctid}\n"
+            'workspace = "/workspace/dflash"\n'
+            'python = "python3"\n\n'
+            "[hosts.local]\n"
+            'transport = "local"\n'
+            f"workspace = {toml_str(str(self.local_workspace_dir))}\n"
+            f"python = {toml_str(sys.executable)}\n"
+        )
+        self.start_container()
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for dflashctl (in-process via monkeypatch, or a subprocess): the test
+        known_hosts, no user ~/.ssh/config, and this hosts.toml."""
+        return {
+            "DFLASHCTL_KNOWN_HOSTS": str(self.sshd.known_hosts),
+            "DFLASHCTL_SSH_CONFIG": os.devnull,
+            "DFLASHCTL_HOSTS": str(self.hosts_file),
+        }
+
+    def pct(self, *args: str, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run the pct stand-in directly on this machine (not through ssh): test-side control."""
+        return subprocess.run(["pct", *args], input=stdin, capture_output=True, timeout=timeout,
+                              env={**os.environ, **self.sshd.env})
+
+    def exec(self, argv: Sequence[str], stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+        """`pct exec CTID -- argv` run locally: look inside the container without the code under test."""
+        return self.pct("exec", str(self.ctid), "--", *argv, stdin=stdin, timeout=timeout)
+
+    def start_container(self) -> None:
+        res = self.pct("start", str(self.ctid))
+        if res.returncode != 0:
+            raise RuntimeError(f"pct start {self.ctid} failed: {res.stderr.decode()}")
+
+    def stop_container(self) -> None:
+        res = self.pct("stop", str(self.ctid))
+        if res.returncode != 0:
+            raise RuntimeError(f"pct stop {self.ctid} failed: {res.stderr.decode()}")
+
+    @property
+    def container_cgroup(self) -> str | None:
+        """The container's cgroup as /proc/<pid>/cgroup shows it ("/lxc/<CTID>"), or None where the
+        harness could not create a cgroup v2 directory (then host-side PID->CT mapping can't be tested)."""
+        pidfile = self.sshd.pct_state / "run" / f"{self.ctid}.pid"
+        fields = pidfile.read_text().split() if pidfile.exists() else []
+        return f"/lxc/{self.ctid}" if len(fields) > 2 else None
+
+    def container_running(self) -> bool:
+        return self.pct("status", str(self.ctid)).stdout.decode().strip() == "status: running"
+
+    def set_gpus(self, gpus: Sequence[dict[str, Any]] | None, processes: Sequence[dict[str, Any]] = ()) -> None:
+        self.gpus.set(gpus, processes)
+
+    def set_gpu_frames(self, frames: Sequence[Sequence[dict[str, Any]]] | None,
+                       processes: Sequence[dict[str, Any]] = ()) -> None:
+        self.gpus.frames(frames, processes)
+
+    def connect(self):
+        """A dflashctl Target for `host` (caller closes it, or use it as a context manager)."""
+        from dflashctl.remote import connect
+
+        return connect(self.host)
+
+    def close(self) -> None:
+        if self.container_running():
+            self.stop_container()
+        self.conf.unlink(missing_ok=True)
+        self.gpus.set(None)
+
+
+@dataclass
+class LocalEnv:
+    """The `local` transport (subprocess) with a temp workspace and the same GPU scripting."""
+
+    tmp: Path
+
+    def __post_init__(self) -> None:
+        self.workspace_dir = self.tmp / "local-workspace"
+        self.workspace_dir.mkdir(parents=True, exist_ok=True)
+        self.gpu_bin = self.tmp / "gpubin"
+        self.gpu_bin.mkdir(exist_ok=True)
+        self.gpus = GpuScript(self.tmp / "gpus.json", self.gpu_bin)
+        self.host = Host(name="local", transport="local", workspace=str(self.workspace_dir), python=sys.executable)
+        self.hosts_file = self.tmp / "hosts.toml"
+        self.hosts_file.write_text(
+            'default = "local"\n\n[hosts.local]\ntransport = "local"\n'
+            f"workspace = {toml_str(str(self.workspace_dir))}\npython = {toml_str(sys.executable)}\n"
+        )
+
+    @property
+    def env(self) -> dict[str, str]:
+        path = ":".join([str(BIN), str(self.gpu_bin), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        return {"PATH": path, "DFLASH_FAKE_GPUS": str(self.gpus.scenario), "DFLASHCTL_HOSTS": str(self.hosts_file)}
+
+    def set_gpus(self, gpus: Sequence[dict[str, Any]] | None, processes: Sequence[dict[str, Any]] = ()) -> None:
+        self.gpus.set(gpus, processes)
+
+    def set_gpu_frames(self, frames: Sequence[Sequence[dict[str, Any]]] | None,
+                       processes: Sequence[dict[str, Any]] = ()) -> None:
+        self.gpus.frames(frames, processes)
+
+    def connect(self):
+        from dflashctl.remote import connect
+
+        return connect(self.host)

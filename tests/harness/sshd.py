@@ -1,0 +1,227 @@
+"""A real OpenSSH sshd on 127.0.0.1 for end-to-end tests, with throwaway keys and its own config.
+
+Why each piece:
+- own host key + client key + authorized_keys + known_hosts in a temp dir: nothing of the
+  machine's ssh setup is read or written;
+- `SetEnv PATH=…` puts tests/harness/bin (the `pct` / `argv-dump` stand-ins), the directory where
+  a test "installs" the `nvidia-smi` stand-in, and the venv's bin first on every session's PATH;
+- sshd runs in a private mount namespace where root's ~/.bashrc is hidden behind an empty file,
+  because Debian's bash sources ~/.bashrc for ssh commands and a developer's rc (pyenv, cargo)
+  would rewrite PATH and slow every command down;
+- everything is torn down by PID (`stop()`), including the test containers still running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HARNESS = Path(__file__).resolve().parent
+BIN = HARNESS / "bin"
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def why_sshd_cannot_run() -> str | None:
+    """The reason end-to-end ssh tests must skip here, or None when they can run."""
+    if os.geteuid() != 0:
+        return "needs root (sshd runs as root; the pct stand-in uses unshare/nsenter)"
+    if not os.path.exists(SSHD):
+        return "OpenSSH sshd is not installed (apt-get install openssh-server)"
+    for tool in ("ssh-keygen", "unshare", "nsenter", "setsid"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on (for 'connection refused' tests)."""
+    return free_port()
+
+
+@dataclass
+class SshdServer:
+    """One running sshd. Attributes are what a test needs to reach it."""
+
+    root: Path
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    client_key: Path = field(init=False)
+    host_key: Path = field(init=False)
+    known_hosts: Path = field(init=False)
+    ssh_config: Path = field(init=False)
+    pct_state: Path = field(init=False)
+    gpu_bin: Path = field(init=False)
+    gpu_scenario: Path = field(init=False)
+    log: Path = field(init=False)
+
+    address = "127.0.0.1"
+    user = "root"
+
+    def __post_init__(self) -> None:
+        self.client_key = self.root / "client_ed25519"
+        self.host_key = self.root / "host_ed25519"
+        self.known_hosts = self.root / "known_hosts"
+        self.ssh_config = self.root / "ssh_config"
+        self.pct_state = self.root / "pct"
+        self.gpu_bin = self.root / "gpubin"
+        self.gpu_scenario = self.root / "gpus.json"
+        self.log = self.root / "sshd.log"
+
+    @property
+    def session_path(self) -> str:
+        venv_bin = str(Path(sys.executable).parent)
+        return ":".join([str(BIN), str(self.gpu_bin), venv_bin, "/usr/local/sbin", "/usr/local/bin",
+                         "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment a local `pct`/`nvidia-smi` call needs to see what the ssh sessions see."""
+        return {"PATH": self.session_path, "PCT_STATE": str(self.pct_state),
+                "DFLASH_FAKE_GPUS": str(self.gpu_scenario)}
+
+    def start(self) -> SshdServer:
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.pct_state / "lxc").mkdir(parents=True, exist_ok=True)
+        (self.pct_state / "run").mkdir(parents=True, exist_ok=True)
+        self.gpu_bin.mkdir(exist_ok=True)
+        for key in (self.host_key, self.client_key):
+            if not key.exists():
+                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dflashctl-test",
+                                "-f", str(key)], check=True)
+        authorized = self.root / "authorized_keys"
+        authorized.write_text((self.client_key.with_suffix(".pub")).read_text())
+        self.port = self.port or free_port()
+        env = self.env
+        setenv = " ".join(f"{k}={v}" for k, v in env.items())
+        config = self.root / "sshd_config"
+        config.write_text(
+            f"Port {self.port}\n"
+            f"ListenAddress {self.address}\n"
+            f"HostKey {self.host_key}\n"
+            f"PidFile {self.root / 'sshd.pid'}\n"
+            f"AuthorizedKeysFile {authorized}\n"
+            "PermitRootLogin prohibit-password\n"
+            "PubkeyAuthentication yes\n"
+            "PasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\n"
+            "UsePAM no\n"
+            "StrictModes no\n"
+            "PrintMotd no\n"
+            "UseDNS no\n"
+            "MaxSessions 100\n"
+            "MaxStartups 100:30:200\n"
+            "LogLevel VERBOSE\n"
+            f"SetEnv {setenv}\n"
+        )
+        host_pub = self.host_key.with_suffix(".pub").read_text().split()
+        self.known_hosts.write_text(f"[{self.address}]:{self.port} {host_pub[0]} {host_pub[1]}\n")
+        self.ssh_config.write_text(
+            f"# ssh_config for this test sshd (use: ssh -F {self.ssh_config} dflash-test)\n"
+            "Host dflash-test\n"
+            f"  HostName {self.address}\n  Port {self.port}\n  User {self.user}\n"
+            f"  IdentityFile {self.client_key}\n  UserKnownHostsFile {self.known_hosts}\n"
+            "  IdentitiesOnly yes\n"
+        )
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege-separation dir sshd insists on
+        check = subprocess.run([SSHD, "-t", "-f", str(config)], capture_output=True, text=True)
+        if check.returncode != 0:
+            raise RuntimeError(f"sshd rejected its test config: {check.stderr.strip()}")
+        empty = self.root / "empty-rc"
+        empty.write_text("")
+        root_home = Path(pwd.getpwuid(0).pw_dir)  # sshd's session uses the passwd home, not $HOME
+        hide = " ".join(
+            f"mount --bind {empty} {rc};" for rc in (root_home / ".bashrc", Path("/etc/bash.bashrc")) if rc.exists()
+        )
+        script = f"{hide} exec {SSHD} -D -e -f {config}"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            )
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"sshd exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            try:
+                with socket.create_connection((self.address, self.port), timeout=1) as s:
+                    if s.recv(64).startswith(b"SSH-"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"sshd did not answer on port {self.port}: {self.log.read_text()[-2000:]}")
+
+    def ssh_argv(self, *remote: str) -> list[str]:
+        """argv for the OpenSSH client against this server (for tests that compare with raw ssh)."""
+        return ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", "dflash-test", *remote]
+
+    def session_pids(self) -> list[int]:
+        """PIDs of the per-connection sshd processes (children of the listener)."""
+        if self.proc is None:
+            return []
+        try:
+            text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(p) for p in text.split()]
+
+    def drop_connections(self) -> None:
+        """Kill every live ssh connection (the listener stays): what a network drop looks like."""
+        for pid in self.session_pids():
+            _kill(pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        """Stop every test container still running, then sshd. All by PID."""
+        run_dir = self.pct_state / "run"
+        for pidfile in run_dir.glob("*.pid") if run_dir.exists() else ():
+            init, upid, *cgroup = pidfile.read_text().split()
+            for pid in (init, upid):
+                _kill(int(pid), signal.SIGKILL)
+            for _ in range(100):  # the cgroup can go once the namespace's processes are gone
+                if not cgroup or _rmdir(Path(cgroup[0])):
+                    break
+                time.sleep(0.02)
+            pidfile.unlink(missing_ok=True)
+        for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+            _rmdir(root / "lxc")  # the harness's lxc/ cgroup parent, once no container uses it
+        if self.proc is not None and self.proc.poll() is None:
+            self.drop_connections()
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _kill(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _rmdir(path: Path) -> bool:
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,300 @@
+"""The ssh transport against a real sshd: reuse, stdio, timeouts, dropped connections, ~/.ssh/config,
+ProxyJump, host keys and authentication."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import paramiko
+import pytest
+from harness.envs import PveEnv
+from harness.sshd import SshdServer, closed_port
+
+from dflashctl.errors import (
+    AuthFailed,
+    ConnectFailed,
+    ContainerNotRunning,
+    ExitCode,
+    HostKeyError,
+    NotFound,
+    RemoteTimeout,
+)
+from dflashctl.model import Host
+from dflashctl.remote.ssh import SshTransport, parse_jump
+
+
+@pytest.fixture
+def server(sshd_server: SshdServer, monkeypatch: pytest.MonkeyPatch) -> SshdServer:
+    monkeypatch.setenv("DFLASHCTL_KNOWN_HOSTS", str(sshd_server.known_hosts))
+    monkeypatch.setenv("DFLASHCTL_SSH_CONFIG", os.devnull)
+    return sshd_server
+
+
+def ssh_host(server: SshdServer, **kw) -> Host:
+    fields = dict(name="t", transport="ssh", address=server.address, port=server.port, user="root",
+                  identity_file=str(server.client_key))
+    fields.update(kw)
+    return Host(**fields)
+
+
+def logins(server: SshdServer) -> int:
+    return server.log.read_text(errors="replace").count("Accepted publickey")
+
+
+def new_key(tmp_path: Path, name: str = "other") -> Path:
+    key = tmp_path / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return key
+
+
+def test_every_command_of_a_transport_shares_one_ssh_connection(server: SshdServer) -> None:
+    before = logins(server)
+    with SshTransport(ssh_host(server)) as t:
+        for i in range(20):
+            assert t.run(["echo", str(i)]).out == f"{i}\n"
+        assert list(t.stream(["printf", "a\\nb\\n"])) == [b"a\n", b"b\n"]
+    assert logins(server) - before == 1
+
+
+def test_nothing_connects_until_the_first_command(server: SshdServer) -> None:
+    before = logins(server)
+    t = SshTransport(ssh_host(server, port=closed_port()))  # would fail if it connected here
+    t.close()
+    assert logins(server) == before
+
+
+def test_exit_status_stdout_and_stderr_come_back_separately(server: SshdServer) -> None:
+    with SshTransport(ssh_host(server)) as t:
+        res = t.run(["sh", "-c", "echo out; echo err >&2; exit 7"])
+    assert (res.exit_code, res.stdout, res.stderr) == (7, b"out\n", b"err\n")
+
+
+def test_a_command_killed_by_a_signal_exits_255_and_the_connection_is_not_called_lost(server: SshdServer) -> None:
+    with SshTransport(ssh_host(server)) as t:
+        assert t.run(["sh", "-c", "kill -9 $$"]).exit_code == 255
+        assert t.run(["true"]).ok
+
+
+def test_megabytes_of_binary_stdin_and_stdout_pass_without_deadlock(server: SshdServer) -> None:
+    data = os.urandom(4 * 1024 * 1024)
+    with SshTransport(ssh_host(server)) as t:
+        res = t.run(["sh", "-c", "cat; head -c 3000000 /dev/zero >&2"], stdin=data, timeout=120)
+    assert res.ok and res.stdout == data and res.stderr == b"\0" * 3000000
+
+
+def test_command_without_stdin_sees_end_of_file(server: SshdServer) -> None:
+    with SshTransport(ssh_host(server)) as t:
+        assert t.run(["wc", "-c"], timeout=30).out.strip() == "0"
+
+
+def test_a_command_past_its_timeout_raises_remote_timeout_and_the_connection_stays_usable(server: SshdServer) -> None:
+    with SshTransport(ssh_host(server)) as t:
+        with pytest.raises(RemoteTimeout) as exc:
+            t.run(["sleep", "5"], timeout=0.5)
+        assert exc.value.exit_code == ExitCode.NOT_FINISHED
+        assert t.run(["echo", "still here"]).out == "still here\n"
+
+
+def test_stream_yields_each_line_before_the_command_ends(server: SshdServer, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    script = f"echo first; while [ ! -e {gate} ]; do sleep 0.05; done; echo second; printf tail"
+    with SshTransport(ssh_host(server)) as t:
+        lines = t.stream(["sh", "-c", script])
+        assert next(lines) == b"first\n"  # the command is still blocked on the gate here
+        gate.touch()
+        assert list(lines) == [b"second\n", b"tail"]
+
+
+def test_a_dropped_connection_raises_connect_failed_and_the_next_command_reconnects(server: SshdServer) -> None:
+    with SshTransport(ssh_host(server)) as t:
+        lines = t.stream(["sh", "-c", "echo ready; exec sleep 5"])
+        assert next(lines) == b"ready\n"
+        server.drop_connections()
+        with pytest.raises(ConnectFailed) as exc:
+            next(lines)
+        assert "connection lost" in exc.value.message
+        assert t.run(["echo", "back"]).out == "back\n"
+
+
+def test_keepalive_and_dead_peer_timeout_are_set_on_the_socket(server: SshdServer) -> None:
+    with SshTransport(ssh_host(server)) as t:
+        t.check_connection()
+        sock = t._clients[-1].get_transport().sock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 15000
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 5
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+
+
+def test_ssh_config_alias_supplies_hostname_port_user_and_identity(
+    server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host gpu-box\n  HostName {server.address}\n  Port {server.port}\n  User root\n"
+                   f"  IdentityFile {server.client_key}\n")
+    monkeypatch.setenv("DFLASHCTL_SSH_CONFIG", str(cfg))
+    with SshTransport(Host(name="t", transport="ssh", address="gpu-box")) as t:
+        assert t.run(["id", "-un"]).out == "root\n"
+        assert (t.endpoint.hostname, t.endpoint.port) == (server.address, server.port)
+
+
+def test_ssh_config_user_known_hosts_file_is_used(
+    server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host {server.address}\n  UserKnownHostsFile {tmp_path / 'nowhere'}\n")
+    monkeypatch.setenv("DFLASHCTL_SSH_CONFIG", str(cfg))
+    monkeypatch.delenv("DFLASHCTL_KNOWN_HOSTS")
+    with pytest.raises(HostKeyError, match="nowhere"), SshTransport(ssh_host(server)) as t:
+        t.run(["true"])
+
+
+def test_proxy_jump_reaches_the_host_through_a_direct_tcpip_channel(
+    server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host jumpbox\n  HostName {server.address}\n  Port {server.port}\n  User root\n"
+                   f"  IdentityFile {server.client_key}\n")
+    monkeypatch.setenv("DFLASHCTL_SSH_CONFIG", str(cfg))
+    before = logins(server)
+    with SshTransport(ssh_host(server, proxy_jump="jumpbox")) as t:
+        assert t.run(["echo", "via jump"]).out == "via jump\n"
+        inner = t._clients[-1].get_transport()
+        assert isinstance(inner.sock, paramiko.Channel)  # the target's connection rides the jump host's channel
+    assert logins(server) - before == 2  # one login on the jump host, one on the target
+
+
+def test_parse_jump_reads_openssh_proxyjump_forms() -> None:
+    assert parse_jump("bastion") == [("bastion", None, None)]
+    assert parse_jump("ops@bastion.example.invalid:2222,ssh://root@[fd00::1]:22") == [
+        ("bastion.example.invalid", "ops", 2222), ("fd00::1", "root", 22)]
+
+
+def test_unknown_host_key_is_rejected_by_default(server: SshdServer, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    monkeypatch.setenv("DFLASHCTL_KNOWN_HOSTS", str(empty))
+    with pytest.raises(HostKeyError) as exc, SshTransport(ssh_host(server)) as t:
+        t.run(["true"])
+    assert "not in" in exc.value.message and exc.value.exit_code == ExitCode.USAGE
+    assert "accept_new_host_key" in exc.value.hint
+    assert empty.read_text() == ""
+
+
+def test_accept_new_host_key_learns_an_unknown_key_and_later_connections_check_it(
+    server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kh = tmp_path / "sub" / "known_hosts"
+    monkeypatch.setenv("DFLASHCTL_KNOWN_HOSTS", str(kh))
+    with SshTransport(ssh_host(server, accept_new_host_key=True)) as t:
+        assert t.run(["true"]).ok
+    host_pub = server.host_key.with_suffix(".pub").read_text().split()[1]
+    assert kh.read_text() == f"[{server.address}]:{server.port} ssh-ed25519 {host_pub}\n"
+    with SshTransport(ssh_host(server)) as t:  # strict again: the learned key is now known
+        assert t.run(["true"]).ok
+
+
+@pytest.mark.parametrize("accept_new", [False, True])
+def test_changed_host_key_is_refused_even_with_accept_new(
+    server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accept_new: bool
+) -> None:
+    other = new_key(tmp_path).with_suffix(".pub").read_text().split()
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"[{server.address}]:{server.port} {other[0]} {other[1]}\n")
+    monkeypatch.setenv("DFLASHCTL_KNOWN_HOSTS", str(kh))
+    with pytest.raises(HostKeyError) as exc, SshTransport(ssh_host(server, accept_new_host_key=accept_new)) as t:
+        t.run(["true"])
+    assert "does not match" in exc.value.message
+    assert "ssh-keygen" in exc.value.hint
+
+
+def test_a_key_the_server_does_not_authorize_fails_authentication(server: SshdServer, tmp_path: Path) -> None:
+    with pytest.raises(AuthFailed) as exc, SshTransport(ssh_host(server, identity_file=str(new_key(tmp_path)))) as t:
+        t.run(["true"])
+    assert "authentication failed" in exc.value.message and exc.value.exit_code == ExitCode.USAGE
+
+
+def test_a_closed_port_is_connection_refused(server: SshdServer) -> None:
+    with pytest.raises(ConnectFailed) as exc, SshTransport(ssh_host(server, port=closed_port())) as t:
+        t.run(["true"])
+    assert "connection refused" in exc.value.message and exc.value.exit_code == ExitCode.NOT_FOUND
+
+
+def test_an_unresolvable_name_is_a_connect_failure(server: SshdServer) -> None:
+    with pytest.raises(ConnectFailed, match="cannot resolve"), \
+            SshTransport(ssh_host(server, address="nosuchhost.example.invalid")) as t:
+        t.run(["true"])
+
+
+def test_a_process_started_detached_through_pct_exec_survives_and_a_later_exec_sees_it(pve: PveEnv) -> None:
+    with pve.connect() as target:
+        started = target.run(["sh", "-c", "setsid -f sleep 300 </dev/null >/dev/null 2>&1; echo started"],
+                             timeout=30)
+        assert started.out == "started\n"  # returned while the detached child lives on
+    with pve.connect() as later:  # a new connection, a new pct exec
+        seen = later.run(["pgrep", "-x", "sleep"], timeout=30)
+    assert seen.ok, seen.err
+    assert pve.exec(["pgrep", "-x", "sleep"]).stdout == seen.stdout  # same process, inside the container
+    pve.stop_container()  # and it was in the container: stopping it ends the process
+    pve.start_container()
+    assert pve.exec(["pgrep", "-x", "sleep"]).returncode == 1
+
+
+def test_target_refuses_a_stopped_container_before_running_anything(pve: PveEnv) -> None:
+    pve.stop_container()
+    with pve.connect() as target, pytest.raises(ContainerNotRunning) as exc:
+        target.run(["true"])
+    assert "not running" in exc.value.message and f"pct start {pve.ctid}" in exc.value.hint
+
+
+def test_target_reports_an_unknown_container_as_not_found(pve: PveEnv) -> None:
+    from dataclasses import replace
+
+    from dflashctl.remote import connect
+
+    with connect(replace(pve.host, container=999)) as target, pytest.raises(NotFound) as exc:
+        target.run(["true"])
+    assert "Configuration file" in exc.value.message and "999.conf" in exc.value.message
+
+
+def test_write_file_through_pct_exec_lands_in_the_container_workspace(pve: PveEnv) -> None:
+    data = bytes(range(256)) * 1000
+    with pve.connect() as target:
+        target.write_file("/workspace/dflash/sub dir/it's.bin", data)
+    assert (pve.workspace_dir / "dflash" / "sub dir" / "it's.bin").read_bytes() == data
+
+
+def test_a_local_host_with_a_container_runs_pct_exec_on_this_machine(
+    pve: PveEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dataclasses import replace
+
+    from dflashctl.remote import connect
+
+    for key, value in pve.sshd.env.items():  # this machine plays the Proxmox host: pct on PATH
+        monkeypatch.setenv(key, value)
+    local = replace(pve.host, transport="local", address=None, port=None, user=None, identity_file=None)
+    with connect(local) as target:
+        assert target.transport.name == "local"
+        res = target.run(["sh", "-c", "cat /proc/1/cmdline; echo; cat"], stdin=b"via pct")
+    assert res.ok and b"ctinit.py" in res.stdout and res.stdout.endswith(b"\nvia pct")
+
+
+def test_a_server_that_never_answers_fails_after_the_connect_timeout(server: SshdServer) -> None:
+    with socket.socket() as silent:  # accepts TCP (the kernel does) but never speaks SSH
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        host = ssh_host(server, port=silent.getsockname()[1])
+        with pytest.raises(ConnectFailed) as exc, SshTransport(host, connect_timeout=0.5) as t:
+            t.run(["true"])
+    assert "handshake failed" in exc.value.message and exc.value.exit_code == ExitCode.NOT_FOUND
+
+
+def test_a_missing_identity_file_is_an_authentication_error_naming_it(server: SshdServer, tmp_path: Path) -> None:
+    missing = tmp_path / "no_such_key"
+    with pytest.raises(AuthFailed, match="no_such_key does not exist"), \
+            SshTransport(ssh_host(server, identity_file=str(missing))) as t:
+        t.run(["true"])

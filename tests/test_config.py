@@ -1,0 +1,196 @@
+"""hosts.toml: search order, defaults per transport, and one-line errors naming file, table, key, line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflashctl.config import load_inventory
+from dflashctl.errors import ConfigError, ExitCode
+
+REPO = Path(__file__).resolve().parents[1]
+
+PROXMOX = """\
+default = "pve1"
+
+[hosts.local]
+workspace = ".dflash/workspace"
+
+[hosts.pve1]
+transport = "ssh"
+address = "pve1.example.invalid"
+user = "root"
+port = 2222
+identity_file = "~/.ssh/id_ed25519"
+proxy_jump = "ops@bastion.example.invalid"
+container = 200
+workspace = "/workspace/dflash"
+python = "/workspace/venv/bin/python"
+gpus.target = [0, 1, 2, 3, 4]
+gpus.drafters = [5, 6, 7]
+config = "trainer/configs/tiny-cpu.toml"
+accept_new_host_key = true
+"""
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No hosts.toml from the developer's cwd or ~/.config leaks into these tests."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DFLASHCTL_HOSTS", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def error_of(text: str, tmp_path: Path) -> ConfigError:
+    f = write(tmp_path / "conf" / "hosts.toml", text)
+    with pytest.raises(ConfigError) as exc:
+        load_inventory(f)
+    assert exc.value.exit_code == ExitCode.USAGE
+    assert "\n" not in exc.value.message
+    assert str(f) in exc.value.message
+    return exc.value
+
+
+def test_every_key_of_a_proxmox_host_is_read(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path / "hosts.toml", PROXMOX))
+    h = inv.get(None)
+    assert (h.name, h.transport, h.address, h.user, h.port) == ("pve1", "ssh", "pve1.example.invalid", "root", 2222)
+    assert (h.identity_file, h.proxy_jump, h.container) == ("~/.ssh/id_ed25519", "ops@bastion.example.invalid", 200)
+    assert (h.workspace, h.python) == ("/workspace/dflash", "/workspace/venv/bin/python")
+    assert (h.gpus_target, h.gpus_drafters) == ((0, 1, 2, 3, 4), (5, 6, 7))
+    assert (h.config, h.accept_new_host_key) == ("trainer/configs/tiny-cpu.toml", True)
+    assert h.source == tmp_path / "hosts.toml"
+    assert inv.names() == ["local", "pve1"]
+
+
+def test_local_host_defaults_to_this_python_and_a_workspace_next_to_the_file(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path / "etc" / "hosts.toml", PROXMOX))
+    local = inv.get("local")
+    assert local.transport == "local" and local.python == sys.executable
+    assert local.workspace == str(tmp_path / "etc" / ".dflash" / "workspace")
+
+
+def test_ssh_host_defaults_to_python3_and_the_container_workspace(tmp_path: Path) -> None:
+    f = write(tmp_path / "hosts.toml", '[hosts.gpu]\naddress = "gpu.example.invalid"\n')
+    h = load_inventory(f).get("gpu")
+    assert (h.transport, h.python, h.workspace, h.port, h.accept_new_host_key) == (
+        "ssh", "python3", "/workspace/dflash", None, False)
+
+
+def test_search_order_is_option_then_env_then_cwd_then_user_config(tmp_path: Path, monkeypatch) -> None:
+    one = '[hosts.{0}]\ntransport = "local"\n'
+    user = write(tmp_path / "xdg-config" / "dflashctl" / "hosts.toml", one.format("from_user_config"))
+    assert load_inventory(None).path == user
+    cwd = write(tmp_path / "hosts.toml", one.format("from_cwd"))
+    assert load_inventory(None).path.resolve() == cwd
+    env = write(tmp_path / "env.toml", one.format("from_env"))
+    monkeypatch.setenv("DFLASHCTL_HOSTS", str(env))
+    assert load_inventory(None).path == env
+    opt = write(tmp_path / "opt.toml", one.format("from_option"))
+    assert load_inventory(opt).get(None).name == "from_option"
+
+
+def test_without_any_file_the_embedded_default_is_one_local_host(tmp_path: Path) -> None:
+    inv = load_inventory(None)
+    assert inv.path is None and inv.names() == ["local"]
+    h = inv.get(None)
+    assert (h.transport, h.python, h.container) == ("local", sys.executable, None)
+    assert h.workspace == str(tmp_path / "xdg-data" / "dflashctl" / "workspace")
+
+
+def test_the_shipped_hosts_toml_has_a_working_local_default() -> None:
+    inv = load_inventory(REPO / "hosts.toml")
+    h = inv.get(None)
+    assert (h.name, h.transport, h.workspace) == ("local", "local", str(REPO / ".dflash" / "workspace"))
+    assert "pve1.example.invalid" in (REPO / "hosts.toml").read_text()  # the commented Proxmox example
+
+
+def test_a_named_file_that_does_not_exist_is_an_error_not_a_fallback(tmp_path: Path, monkeypatch) -> None:
+    with pytest.raises(ConfigError, match="--hosts"):
+        load_inventory(tmp_path / "missing.toml")
+    monkeypatch.setenv("DFLASHCTL_HOSTS", str(tmp_path / "missing.toml"))
+    with pytest.raises(ConfigError, match="DFLASHCTL_HOSTS"):
+        load_inventory(None)
+
+
+def test_malformed_toml_names_the_file_and_line(tmp_path: Path) -> None:
+    e = error_of('default = "x"\n[hosts.x]\ntransport = \n', tmp_path)
+    assert "invalid TOML" in e.message and "line 3" in e.message
+
+
+def test_unknown_key_names_table_key_line_and_suggests_the_right_one(tmp_path: Path) -> None:
+    e = error_of('[hosts.pve]\ntransport = "ssh"\nadress = "pve1.example.invalid"\n', tmp_path)
+    assert e.message.endswith("hosts.toml:3: [hosts.pve] adress: unknown key")
+    assert "address" in e.hint
+
+
+@pytest.mark.parametrize(
+    ("body", "line", "key", "problem"),
+    [
+        ('port = "22"', 3, "port", "integer"),
+        ("port = 70000", 3, "port", "1-65535"),
+        ('container = "200"', 3, "container", "CTID"),
+        ("accept_new_host_key = 1", 3, "accept_new_host_key", "true or false"),
+        ("gpus.target = [0, -1]", 3, "gpus.target", "GPU indices"),
+        ("gpus.spare = [0]", 3, "gpus.spare", "unknown key"),
+        ('transport = "telnet"', 3, "transport", '"local" or "ssh"'),
+        ('workspace = "relative/dir"', 3, "workspace", "absolute"),
+        ("user = 5", 3, "user", "string"),
+    ],
+)
+def test_wrong_types_name_table_key_and_line(tmp_path: Path, body: str, line: int, key: str, problem: str) -> None:
+    e = error_of(f'[hosts.pve]\naddress = "pve1.example.invalid"\n{body}\n', tmp_path)
+    assert f"hosts.toml:{line}: [hosts.pve] {key}: " in e.message
+    assert problem in e.message
+
+
+def test_ssh_without_an_address_is_an_error(tmp_path: Path) -> None:
+    e = error_of('[hosts.pve]\ntransport = "ssh"\ncontainer = 200\n', tmp_path)
+    assert "[hosts.pve]" in e.message and "needs an address" in e.message
+
+
+def test_ssh_only_keys_on_a_local_host_are_an_error(tmp_path: Path) -> None:
+    e = error_of('[hosts.here]\ntransport = "local"\nport = 22\n', tmp_path)
+    assert "[hosts.here] port:" in e.message and 'transport = "ssh"' in e.message
+
+
+def test_default_naming_an_undefined_host_is_an_error(tmp_path: Path) -> None:
+    e = error_of('default = "pve"\n[hosts.local]\n', tmp_path)
+    assert "hosts.toml:1: default: names host 'pve'" in e.message and "known: local" in e.message
+
+
+def test_unknown_top_level_key_is_an_error(tmp_path: Path) -> None:
+    e = error_of('defualt = "local"\n[hosts.local]\n', tmp_path)
+    assert "hosts.toml:1: defualt: unknown top-level key" in e.message
+
+
+def test_unknown_host_name_lists_the_known_ones(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path / "hosts.toml", PROXMOX))
+    with pytest.raises(ConfigError) as exc:
+        inv.get("pve2")
+    assert exc.value.exit_code == ExitCode.USAGE
+    assert "unknown host 'pve2'" in exc.value.message and "known: local, pve1" in exc.value.message
+    assert "pve1" in exc.value.hint
+
+
+def test_a_local_host_with_a_container_runs_pct_on_this_machine(tmp_path: Path) -> None:
+    """dflashctl run on the Proxmox host itself: no ssh, but still `pct exec`."""
+    h = load_inventory(write(tmp_path / "hosts.toml", '[hosts.pve]\ntransport = "local"\ncontainer = 200\n')).get()
+    assert (h.transport, h.container, h.python, h.workspace) == ("local", 200, "python3", "/workspace/dflash")
+
+
+def test_without_default_several_hosts_need_a_name(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path / "hosts.toml", '[hosts.a]\naddress = "a.example.invalid"\n'
+                                                        '[hosts.b]\naddress = "b.example.invalid"\n'))
+    with pytest.raises(ConfigError, match="no `default` host"):
+        inv.get(None)
+    assert inv.get("b").address == "b.example.invalid"
