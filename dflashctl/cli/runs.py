@@ -1,0 +1,395 @@
+"""CLI verbs of the run lifecycle: deploy, launch, runs, logs, stop, kill-zombies.
+
+Each verb parses, calls one function in commands/, renders, and raises common.Exit with the
+documented code (DESIGN §5). Errors are DflashError: one line at the boundary, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from dflashctl.cli import app
+from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, console, err_console, print_json
+from dflashctl.commands import deploy as deploy_cmd
+from dflashctl.commands import launch as launch_cmd
+from dflashctl.commands import logs as logs_cmd
+from dflashctl.commands import runs as runs_cmd
+from dflashctl.commands import stop as stop_cmd
+from dflashctl.commands import zombies as zombies_cmd
+from dflashctl.errors import ConfigError, ExitCode
+from dflashctl.remote import Target, connect
+
+_out = partial(console.print, soft_wrap=True)  # plain lines: never re-wrapped at 80 columns when piped
+_err = partial(err_console.print, soft_wrap=True)
+
+SourceOpt = typer.Option(None, "--source", metavar="DIR",
+                         help="trainer/ tree to deploy (default: the one installed with dflashctl)")
+
+
+@contextmanager
+def _target(hosts: Path | None, host: str | None):
+    from dflashctl.config import load_inventory
+
+    target = connect(load_inventory(hosts).get(host))
+    try:
+        yield target
+    finally:
+        target.close()
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _where(target: Target) -> str:
+    return target.host.label
+
+
+def _show(renderable: object, *, err: bool = False) -> None:
+    """Tables keep whole run ids when piped: rich would squeeze them into 80 columns."""
+    c = err_console if err else console
+    if c.is_terminal:
+        c.print(renderable)
+        return
+    saved = c.width
+    c.width = 240
+    try:
+        c.print(renderable)
+    finally:
+        c.width = saved
+
+
+# ---------------------------------------------------------------------------------------------- deploy
+
+
+@app.command("deploy")
+def deploy(
+    check: bool = typer.Option(False, "--check", help="only say whether the deployed code matches (exit 1 if not)"),
+    force: bool = typer.Option(False, "--force", help="send the tree even when the hashes match"),
+    source: Path | None = SourceOpt,
+    host: str | None = HostOpt,
+    hosts: Path | None = HostsOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Ship trainer/ into <workspace>/code (atomic swap; nothing sent when unchanged)."""
+    with _target(hosts, host) as target:
+        if check:
+            st = deploy_cmd.check(target, source)
+            if json_out:
+                print_json({"host": target.host.name, "current": st.current, "local_hash": st.local_hash,
+                            "remote_hash": st.remote_hash, "recorded_hash": st.recorded_hash, "path": st.remote_path})
+            elif st.current:
+                _out(f"code on {_where(target)} is current ({st.local_hash[:12]})")
+            elif st.remote_hash is None:
+                _out(f"no code deployed on {_where(target)} (local {st.local_hash[:12]})")
+            else:
+                edited = " (edited in place)" if st.recorded_hash == st.local_hash else ""
+                _out(f"code on {_where(target)} is stale{edited}: deployed {st.remote_hash[:12]}, "
+                              f"local {st.local_hash[:12]}")
+            raise Exit(0 if st.current else 1)
+        res = deploy_cmd.deploy(target, source, force=force)
+        if json_out:
+            print_json({"host": target.host.name, "changed": res.changed, "hash": res.hash, "files": res.files,
+                        "bytes_sent": res.bytes_sent, "path": res.path, "seconds": round(res.seconds, 3)})
+        elif res.changed:
+            _out(f"deployed trainer {res.hash[:12]} ({res.files} files, {res.bytes_sent / 1024:.1f} KiB) "
+                          f"to {_where(target)}:{res.path} in {res.seconds:.1f}s")
+        else:
+            _out(f"code on {_where(target)} is current ({res.hash[:12]}); nothing sent")
+
+
+# ---------------------------------------------------------------------------------------------- launch
+
+
+@app.command("launch")
+def launch(
+    extra: list[str] | None = typer.Argument(None, metavar="[-- TRAINER_ARGS...]",
+                                             help="passed to the trainer after its own arguments"),
+    name: str | None = typer.Option(None, "--name", "-n", help="run name (default: the config's file stem)"),
+    config: Path | None = typer.Option(None, "--config", "-c", metavar="FILE",
+                                       help="local TOML config, uploaded as <run-dir>/config.toml "
+                                            "(default: the host's `config`, else trainer/configs/tiny-cpu.toml)"),
+    kill_zombies: bool = typer.Option(False, "--kill-zombies", help="end processes of earlier runs first"),
+    wait_for: str = typer.Option("started", "--wait-for", metavar="started|step|exit",
+                                 help="return once the run has started, printed its first step=, or ended"),
+    timeout: float | None = typer.Option(None, "--timeout", metavar="S",
+                                         help="give up waiting after S seconds (exit 101; the run keeps going)"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="stream the log until the run ends (Ctrl-C detaches)"),
+    source: Path | None = SourceOpt,
+    host: str | None = HostOpt,
+    hosts: Path | None = HostsOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Start a training run detached in the container, with its own run directory."""
+    if wait_for not in ("started", "step", "exit"):
+        raise ConfigError(f"--wait-for must be started, step or exit (got {wait_for!r})")
+    opts = launch_cmd.LaunchOptions(name=name, config=config, kill_zombies=kill_zombies, extra=list(extra or []),
+                                    source=source)
+    say = (lambda m: _err(f"[dim]{escape(m)}[/]")) if not json_out else (lambda m: None)
+    with _target(hosts, host) as target:
+        try:
+            res = launch_cmd.launch(target, opts, say=say)
+        except launch_cmd.LaunchRefused as e:
+            if e.rows and not json_out:
+                _show(_zombie_table(e.rows, outcome=False), err=True)
+            raise
+        except launch_cmd.LaunchFailed as e:
+            if json_out:
+                print_json({"host": target.host.name, "run_id": e.run_id, "launched": False, "error": e.message,
+                            "log_head": e.log_head})
+            elif e.log_head:
+                _err("[bold]first lines of the log:[/]")
+                _err(e.log_head, markup=False, highlight=False)
+            raise
+        doc = {"host": target.host.name, "run_id": res.run_id, "run_dir": res.run_dir, "pid": res.pid,
+               "log": res.log_path, "name": res.name, "config": res.config, "notes": res.notes}
+        if not json_out:
+            _out(f"launched run [bold]{res.run_id}[/] on {_where(target)}")
+            _out(f"  pid  {res.pid}\n  log  {res.log_path}", markup=False)
+            _out(f"  next dflashctl status | dflashctl logs -f {res.run_id} | dflashctl stop {res.run_id}",
+                          markup=False, soft_wrap=True)
+        code = 0
+        if follow:
+            code = _follow(target, res.run_id, from_start=True)
+        elif wait_for != "started":
+            result = launch_cmd.wait(target, res.run_id, wait_for, timeout)  # type: ignore[arg-type]
+            code = result.exit_code
+            doc["wait"] = {"for": wait_for, "reached": result.reached, "verdict": str(result.run.verdict()),
+                           "exit_code": result.run.exit_code, "line": result.line,
+                           "waited_s": round(result.waited_s, 1)}
+            if not json_out:
+                _say_wait(wait_for, result, timeout)
+        if json_out:
+            print_json(doc)
+        raise Exit(code)
+
+
+def _say_wait(what: str, r: launch_cmd.WaitResult, timeout: float | None) -> None:
+    if r.reached and what == "step":
+        _out(f"first step after {r.waited_s:.0f}s: {r.line}", markup=False)
+    elif r.reached:
+        _out(f"run ended after {r.waited_s:.0f}s: {r.run.verdict()} (exit code {r.run.exit_code})")
+    elif r.run.alive:
+        _out(f"still running after {timeout:g}s without a step= line; the run keeps going "
+                      f"(exit 101)")
+    else:
+        _out(f"run ended before its first step: {r.run.verdict()} (exit code {r.run.exit_code}); "
+                      f"see `dflashctl logs --errors {r.run.id}`")
+
+
+def _follow(target: Target, run: str | None, *, from_start: bool = False, lines: int = 10) -> int:
+    info = None
+    try:
+        for ev in logs_cmd.follow(target, run, from_start=from_start, lines=lines):
+            info = ev.run
+            if ev.rotated:
+                _err("[dim]-- log rotated; reading from its start --[/]")
+            if ev.data:
+                sys.stdout.buffer.write(ev.data)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        if info is not None:
+            _err(f"\ndetached; run {info.id} keeps running (stop it with `dflashctl stop {info.id}`)")
+        return 0
+    if info is None:
+        return 0
+    verdict = info.verdict()
+    _err(f"-- run {info.id} ended: {verdict} (exit code {info.exit_code}) --")
+    return int(verdict.exit_code)
+
+
+# ---------------------------------------------------------------------------------------------- runs
+
+
+@app.command("runs")
+def runs(host: str | None = HostOpt, hosts: Path | None = HostsOpt, json_out: bool = JsonOpt) -> None:
+    """Every run on the host with its verdict, start, duration and last step; newest first."""
+    with _target(hosts, host) as target:
+        lst = runs_cmd.list_runs(target)
+    if json_out:
+        print_json({"host": lst.host, "workspace": lst.workspace, "latest": lst.latest,
+                    "runs": [r.to_json(lst.now) for r in lst.runs]})
+        return
+    if not lst.runs:
+        _out(f"no runs in {lst.workspace}/runs on {lst.host}")
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("", "RUN", "VERDICT", "PID", "STARTED", "DURATION", "STEP", "EXIT"):
+        table.add_column(col, no_wrap=True)
+    for r in lst.runs:
+        started = (r.meta or {}).get("started_at") or "-"
+        table.add_row("*" if r.id == lst.latest else "", r.id, str(r.verdict(lst.now)), str(r.pid or "-"),
+                      str(started), _age(r.duration_s(lst.now)), "-" if r.last_step is None else str(r.last_step),
+                      "-" if r.exit_code is None else str(r.exit_code))
+    _show(table)
+    _out("* = runs/latest")
+
+
+# ---------------------------------------------------------------------------------------------- logs
+
+
+@app.command("logs")
+def logs(
+    run: str | None = typer.Argument(None, metavar="[RUN]", help="run id (default: the latest run)"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing as the log grows (Ctrl-C detaches)"),
+    lines: int = typer.Option(50, "--lines", "-n", metavar="N", help="lines from the end to print first"),
+    errors: bool = typer.Option(False, "--errors", help="only whole tracebacks of crashed threads + final exception"),
+    host: str | None = HostOpt,
+    hosts: Path | None = HostsOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Print a run's train.log (its tail, a live follow, or only its errors)."""
+    if lines < 0:
+        raise ConfigError(f"--lines must be 0 or more (got {lines})")
+    with _target(hosts, host) as target:
+        if errors:
+            _print_errors(logs_cmd.errors(target, run), json_out)
+            return
+        if follow:
+            raise Exit(_follow(target, run, lines=lines))
+        t = logs_cmd.tail(target, run, lines)
+        if json_out:
+            print_json({"run": t.run.id, "path": t.run.log_path, "text": t.text, "truncated": t.truncated})
+            return
+        sys.stdout.write(t.text)
+        sys.stdout.flush()
+
+
+def _print_errors(v: logs_cmd.ErrorsView, json_out: bool) -> None:
+    in_log = {tb.thread for tb in v.tracebacks}
+    files_only = {k: d for k, d in v.error_files.items() if k not in in_log}
+    if json_out:
+        print_json({"run": v.run.id, "final_exception": v.final_exception,
+                    "tracebacks": [{"thread": tb.thread, "first_line": tb.first_line, "last_line": tb.last_line,
+                                    "exception": tb.exc_line, "text": tb.text} for tb in v.tracebacks],
+                    "error_files": v.error_files})
+        return
+    if not v.tracebacks and not v.error_files:
+        _out(f"no tracebacks in {v.run.log_path}")
+        return
+    if v.scanned_from:
+        _out(f"[dim](scanned the last part of the log, from byte {v.scanned_from})[/]")
+    for tb in v.tracebacks:
+        who = escape(f"thread {tb.thread}" if tb.thread else "main thread")
+        _out(f"[bold red]── {who}[/] [dim](log lines {tb.first_line}-{tb.last_line})[/]")
+        _out(tb.text.rstrip("\n"), markup=False, highlight=False)
+    for thread, doc in files_only.items():
+        _out(f"[bold red]── thread {escape(thread)}[/] [dim](errors/{escape(thread)}.json)[/]")
+        text = doc.get("traceback") or f"{doc.get('type')}: {doc.get('message')}"
+        _out(str(text).rstrip("\n"), markup=False, highlight=False)
+    if v.final_exception:
+        _out(f"[bold]final exception:[/] {escape(v.final_exception)}")
+
+
+# ---------------------------------------------------------------------------------------------- stop
+
+
+@app.command("stop")
+def stop(
+    run: str | None = typer.Argument(None, metavar="[RUN]", help="run id (default: the latest run)"),
+    grace: float = typer.Option(30.0, "--grace", metavar="S", help="seconds between SIGTERM and SIGKILL"),
+    host: str | None = HostOpt,
+    hosts: Path | None = HostsOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Stop a run: SIGTERM to its process group, grace period, SIGKILL. Exits 103 (stopped by user)."""
+    with _target(hosts, host) as target:
+        res = stop_cmd.stop(target, run, grace_s=grace)
+    if json_out:
+        print_json({"run": res.run_id, "pid": res.pid, "exit_code": res.exit_code, "escalated": res.escalated,
+                    "recorded_by": res.recorded_by, "gpu_released_mib": res.gpu_released_mib})
+    else:
+        how = "SIGKILL after the grace period" if res.escalated else "SIGTERM"
+        _out(f"stopped run {res.run_id} (pid {res.pid}) with {how}: exit code {res.exit_code}")
+        if res.gpu_released_mib:
+            freed = ", ".join(f"GPU {i}: {mib:.0f} MiB" for i, mib in res.gpu_released_mib.items() if mib)
+            _out(f"GPU memory released: {freed or 'none'}")
+    raise Exit(ExitCode.STOPPED)
+
+
+# ---------------------------------------------------------------------------------------------- kill-zombies
+
+
+def _short_cmd(cmdline: str, width: int = 70) -> str:
+    """The command as a person reads it: program base name, then its arguments."""
+    prog, _, rest = cmdline.partition(" ")
+    text = f"{prog.rsplit('/', 1)[-1]} {rest}".strip()
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _zombie_table(rows: list[zombies_cmd.ZombieRow], *, outcome: bool) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("PID", "RUN", "AGE", "GPU MiB", "STATE", "ACTION", "WHY", "COMMAND"):
+        table.add_column(col, overflow="fold", no_wrap=col != "WHY")
+    if outcome:
+        table.add_column("OUTCOME")
+    for r in rows:
+        cells = [str(r.pid), escape(r.run_id or "-"), _age(r.age_s), "-" if r.gpu_mib is None else f"{r.gpu_mib:.0f}",
+                 r.state, r.action, escape(r.why), escape(_short_cmd(r.cmdline))]
+        if outcome:
+            cells.append(r.outcome or "-")
+        table.add_row(*cells)
+    return table
+
+
+@app.command("kill-zombies")
+def kill_zombies(
+    dry_run: bool = typer.Option(False, "--dry-run", help="only show what would be killed"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before killing"),
+    pid: list[int] | None = typer.Option(None, "--pid", metavar="PID",
+                                         help="also end this process although it has no marker (repeatable)"),
+    grace: float = typer.Option(10.0, "--grace", metavar="S", help="seconds between SIGTERM and SIGKILL"),
+    host: str | None = HostOpt,
+    hosts: Path | None = HostsOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """End processes of earlier runs, defunct children's parents, and GPU holders of no live run."""
+    with _target(hosts, host) as target:
+        found = zombies_cmd.scan(target, tuple(pid or ()))
+        victims = found.to_kill
+        if not json_out:
+            if found.current_run:
+                _out(f"current run {found.current_run} is protected")
+            for note in found.notes:
+                _err(f"[yellow]WARNING:[/] {escape(note)}")
+            if found.rows and (dry_run or not yes or not victims):
+                _show(_zombie_table(found.rows, outcome=False))
+        if not victims or dry_run:
+            if json_out:
+                print_json({**found.to_json(), "dry_run": dry_run, "ended": 0})
+            elif not victims:
+                _out(f"no zombies on {_where(target)}")
+            else:
+                _out(f"dry run: {len(victims)} process(es) would be ended")
+            return
+        if not yes:
+            if not sys.stdin.isatty():
+                raise ConfigError(f"refusing to kill {len(victims)} process(es) without confirmation",
+                                  hint="pass --yes (stdin is not a terminal), or --dry-run to look first")
+            if not typer.confirm(f"end {len(victims)} process(es)?", default=False):
+                raise Exit(ExitCode.USAGE)
+        t0 = time.monotonic()
+        report = zombies_cmd.kill(target, found, grace_s=grace)
+    if json_out:
+        print_json({**found.to_json(), "dry_run": False, "ended": len(report.ended), "failed": len(report.failed)})
+    else:
+        _show(_zombie_table(report.rows, outcome=True))
+        _out(f"ended {len(report.ended)} of {len(victims)} in {time.monotonic() - t0:.1f}s")
+    raise Exit(0 if not report.failed else 1)

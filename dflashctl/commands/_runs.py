@@ -1,0 +1,93 @@
+"""What every run verb shares: a run's recorded state as one record, and its process verdict.
+
+The verdict here comes from process state only (pid alive / exit_code / stopped marker), which is
+what `runs`, `stop` and `launch` need; `status` judges more (logs, heartbeat, GPUs) in analysis/.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflashctl.model import Verdict
+
+RUN_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
+STEP_RE = re.compile(r"\bstep[=:]\s*(\d+)")
+STARTING_GRACE_S = 15.0  # a run with no pid yet is "starting", not "lost", for this long
+
+
+@dataclass
+class RunInfo:
+    id: str
+    dir: str
+    pid: int | None
+    alive: bool
+    exit_code: int | None
+    stopped: bool
+    meta: dict[str, Any] | None
+    heartbeat: dict[str, Any] | None = None
+    errors: dict[str, Any] = field(default_factory=dict)
+    last_step: int | None = None
+    log_size: int | None = None
+    ended_at: float | None = None  # when exit_code was written (container clock)
+
+    @property
+    def log_path(self) -> str:
+        return f"{self.dir}/train.log"
+
+    @property
+    def started_at(self) -> float | None:
+        meta = self.meta or {}
+        value = meta.get("started_at_epoch")
+        return float(value) if isinstance(value, int | float) else None
+
+    def verdict(self, now: float | None = None) -> Verdict:
+        if self.alive:
+            return Verdict.TRAINING if self.last_step is not None else Verdict.STARTING
+        if self.stopped:
+            return Verdict.STOPPED
+        if self.exit_code == 0:
+            return Verdict.FINISHED
+        if self.exit_code is not None:
+            return Verdict.CRASHED
+        if self.pid is None and now is not None and self.started_at and now - self.started_at < STARTING_GRACE_S:
+            return Verdict.STARTING
+        return Verdict.LOST
+
+    def duration_s(self, now: float) -> float | None:
+        if self.started_at is None:
+            return None
+        end = now if self.alive or self.ended_at is None else self.ended_at
+        return max(0.0, end - self.started_at)
+
+    def to_json(self, now: float | None = None) -> dict[str, Any]:
+        meta = self.meta or {}
+        return {
+            "id": self.id, "name": meta.get("name"), "dir": self.dir, "pid": self.pid, "alive": self.alive,
+            "exit_code": self.exit_code, "stopped": self.stopped, "verdict": str(self.verdict(now)),
+            "started_at": meta.get("started_at"), "last_step": self.last_step, "log_path": self.log_path,
+            "duration_s": None if now is None else self.duration_s(now),
+        }
+
+
+def run_from_probe(doc: dict[str, Any]) -> RunInfo:
+    hb = doc.get("heartbeat") if isinstance(doc.get("heartbeat"), dict) else None
+    step = doc.get("last_step")
+    if step is None and hb is not None and isinstance(hb.get("step"), int):
+        step = hb["step"]
+    return RunInfo(
+        id=doc["id"], dir=doc["dir"], pid=doc.get("pid"), alive=bool(doc.get("alive")),
+        exit_code=doc.get("exit_code"), stopped=bool(doc.get("stopped")), meta=doc.get("meta"),
+        heartbeat=hb, errors=doc.get("errors") or {}, last_step=step, log_size=doc.get("log_size"),
+        ended_at=doc.get("ended_at"),
+    )
+
+
+def last_step_in(text: str) -> int | None:
+    steps = STEP_RE.findall(text)
+    return int(steps[-1]) if steps else None
+
+
+def runs_dir(workspace: str) -> str:
+    return f"{workspace.rstrip('/')}/runs"

@@ -1,0 +1,319 @@
+"""launch: start a training run detached in the container, with its own directory, and prove it.
+
+Every step the seed's engineer did by hand is done and checked here: the code deployed is the code
+here; nothing of an earlier run is alive (else refuse, or clean with --kill-zombies); the log
+exists before the trainer starts; the process is confirmed alive, or the failure is reported with
+the log's first lines (exit 100). `wait` replaces the blind `sleep 600`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from dflashctl.commands import deploy as deploy_cmd
+from dflashctl.commands import zombies
+from dflashctl.commands._runs import STEP_RE, RunInfo, run_from_probe, runs_dir
+from dflashctl.commands.stop import gpu_memory
+from dflashctl.errors import ConfigError, DflashError, ExitCode
+from dflashctl.remote import probe, scripts
+from dflashctl.remote.target import Target
+
+DEFAULT_CONFIG = "trainer/configs/tiny-cpu.toml"  # relative to <workspace>/code
+NAME_MAX = 40
+MIN_FREE_MIB = 1024.0
+GPU_BUSY_MIB = 1024.0  # a requested GPU with more memory in use than this is held by someone
+CONFIRM_S = 10.0
+ALIVE_FOR_S = 2.0  # alive this long after start = launched (a program that dies at once never is)
+WaitFor = Literal["started", "step", "exit"]
+
+
+@dataclass
+class LaunchOptions:
+    name: str | None = None
+    config: Path | None = None  # a local file, uploaded as <run-dir>/config.toml
+    kill_zombies: bool = False
+    extra: list[str] = field(default_factory=list)  # passed to the trainer after its own arguments
+    source: Path | None = None  # the trainer tree to deploy when the container's is stale
+    module: str = "trainer"  # `python -m MODULE` in <workspace>/code
+    confirm_s: float = CONFIRM_S
+
+
+@dataclass
+class LaunchResult:
+    run_id: str
+    run_dir: str
+    pid: int
+    log_path: str
+    name: str
+    config: str
+    notes: list[str]
+    deployed: deploy_cmd.DeployResult | None = None
+    killed: zombies.KillReport | None = None
+
+
+class LaunchRefused(DflashError):
+    """Preflight said no (exit 2). `rows` lists the processes in the way, for the CLI's table."""
+
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, message: str, *, hint: str | None = None, rows: list[zombies.ZombieRow] | None = None):
+        super().__init__(message, hint=hint)
+        self.rows = rows or []
+
+
+class LaunchFailed(DflashError):
+    """The run did not stay up (exit 100); `log_head` holds the first lines of its log."""
+
+    exit_code = ExitCode.CRASHED
+
+    def __init__(self, message: str, *, hint: str | None = None, log_head: str = "", run_id: str | None = None):
+        super().__init__(message, hint=hint)
+        self.log_head = log_head
+        self.run_id = run_id
+
+
+def run_slug(name: str) -> str:
+    """The id-safe form of a run name: [A-Za-z0-9._-] only. The name itself is kept byte-exact in
+    meta.json; control characters (newlines) are refused, since they would garble every listing."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise ConfigError(f"run name {name!r} contains a control character",
+                          hint="use letters, digits, '.', '_' and '-'; spaces and quotes are replaced by '-'")
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")[:NAME_MAX].strip("-.")
+    if not slug:
+        raise ConfigError(f"run name {name!r} has no letters or digits to build a run id from",
+                          hint="pass --name with letters, digits, '.', '_' or '-'")
+    return slug
+
+
+def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = lambda _m: None) -> LaunchResult:
+    """Preflight, start, confirm. `say` receives progress notes (deployed, zombies cleaned)."""
+    host = target.host
+    target.ensure_running()
+    config_text, config_label = _config(opts, host.config)
+    name = opts.name if opts.name is not None else Path(config_label).stem
+    slug = run_slug(name)
+    notes: list[str] = []
+
+    killed = _clear_the_way(target, opts, notes, say)  # first: a refused launch changes nothing
+
+    state = deploy_cmd.check(target, opts.source)
+    deployed = None
+    if not state.current:
+        why = "not deployed" if state.remote_hash is None else "stale"
+        deployed = deploy_cmd.deploy(target, opts.source, state=state)
+        notes.append(f"code in the container was {why}: deployed {deployed.hash[:12]} ({deployed.files} files)")
+        say(notes[-1])
+    doc = probe.probe_once(target, host.workspace, None, gpus=bool(_requested_gpus(host)), log_max=0)
+    _check_disk(doc, host.workspace)
+    _check_gpus(doc, _requested_gpus(host))
+
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    spec = {
+        "runs_dir": runs_dir(host.workspace),
+        "base_id": f"{stamp}-{slug}",
+        "python": host.python,
+        "cwd": f"{host.workspace.rstrip('/')}/code",
+        "module": opts.module,
+        "extra": list(opts.extra),
+        "config_text": config_text,
+        "config_path": config_label if config_text is None else None,
+        "env": {"PYTHONUNBUFFERED": "1"},
+        "meta": {
+            "name": name,
+            "host": host.name,
+            "container": host.container,
+            "config": {"source": config_label, "uploaded": config_text is not None},
+            "code_hash": deployed.hash if deployed else state.local_hash,
+            "git_sha": _git_sha(deploy_cmd.trainer_source(opts.source)),
+            "gpus": {"target": list(host.gpus_target), "drafters": list(host.gpus_drafters)},
+            "launched_by": "dflashctl",
+        },
+    }
+    res = scripts.call(target, "launcher", "launch", spec, pass_source=True, timeout=60)
+    if res.get("error") == "run-alive":  # another launch got there between our preflight and now
+        raise LaunchRefused(f"{res['message']} on {host.name} (started while this launch was checking)",
+                            hint=f"stop it first: dflashctl stop {res['run_id']}")
+    if res.get("error") == "config-missing":
+        raise ConfigError(res["message"], hint="pass --config FILE, or set `config` for the host in hosts.toml")
+    if "error" in res:
+        raise DflashError(f"launch on {host.name} failed: {res.get('message') or res['error']}",
+                          exit_code=ExitCode.CRASHED)
+    run_id, run_dir = res["run_id"], res["run_dir"]
+    info = confirm(target, run_id, opts.confirm_s)
+    return LaunchResult(run_id, run_dir, int(info.pid or res.get("pid") or 0), f"{run_dir}/train.log", name,
+                        config_label, notes, deployed, killed)
+
+
+def _config(opts: LaunchOptions, host_config: str | None) -> tuple[str | None, str]:
+    if opts.config is None:
+        return None, host_config or DEFAULT_CONFIG
+    path = Path(opts.config).expanduser()
+    try:
+        return path.read_text(encoding="utf-8"), str(path.resolve())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found", hint="--config takes a local TOML file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from None
+
+
+def _clear_the_way(target: Target, opts: LaunchOptions, notes: list[str],
+                   say: Callable[[str], None]) -> zombies.KillReport | None:
+    found = zombies.scan(target)
+    if found.current_run is not None:
+        raise LaunchRefused(f"run {found.current_run} is still running on {target.host.name}; refusing to start "
+                            "a second one beside it", hint=f"stop it first: dflashctl stop {found.current_run}")
+    if not found.to_kill:
+        return None
+    if not opts.kill_zombies:
+        raise LaunchRefused(f"{len(found.to_kill)} process(es) of earlier runs are still alive on "
+                            f"{target.host.name}", rows=found.to_kill,
+                            hint="launch again with --kill-zombies, or run `dflashctl kill-zombies`")
+    report = zombies.kill(target, found)
+    if report.failed:
+        raise LaunchRefused(f"{len(report.failed)} zombie process(es) could not be ended", rows=report.failed,
+                            hint="inspect them with `dflashctl kill-zombies --dry-run`")
+    notes.append(f"ended {len(report.ended)} zombie process(es) of earlier runs")
+    say(notes[-1])
+    return report
+
+
+def _requested_gpus(host) -> tuple[int, ...]:
+    return tuple(sorted(set(host.gpus_target) | set(host.gpus_drafters)))
+
+
+def _check_disk(doc: dict, workspace: str) -> None:
+    disk = doc.get("disk") or {}
+    free = disk.get("free_mib")
+    if free is not None and free < MIN_FREE_MIB:
+        raise LaunchRefused(f"only {free:.0f} MiB free on {disk.get('path') or workspace}; a run needs at least "
+                            f"{MIN_FREE_MIB:.0f} MiB for its logs and checkpoints",
+                            hint="remove old run directories under <workspace>/runs")
+
+
+def _check_gpus(doc: dict, requested: tuple[int, ...]) -> None:
+    if not requested:
+        return
+    used = gpu_memory(doc.get("gpus"))
+    if not used:
+        return
+    held = {i: used[i] for i in requested if used.get(i, 0.0) > GPU_BUSY_MIB}
+    if held:
+        listing = ", ".join(f"GPU {i}: {mib:.0f} MiB" for i, mib in held.items())
+        raise LaunchRefused(f"requested GPUs are in use by processes of no live run ({listing})",
+                            hint="find the holders with `dflashctl kill-zombies --dry-run`")
+
+
+def _git_sha(source: Path) -> str | None:
+    """The commit of the local tree the trainer came from, read from .git without running git."""
+    for d in (source, *source.parents):
+        head = d / ".git" / "HEAD"
+        if head.is_file():
+            ref = head.read_text().strip()
+            if not ref.startswith("ref: "):
+                return ref or None
+            path = d / ".git" / ref[5:]
+            if path.is_file():
+                return path.read_text().strip() or None
+            packed = d / ".git" / "packed-refs"
+            if packed.is_file():
+                for line in packed.read_text().splitlines():
+                    if line.endswith(" " + ref[5:]):
+                        return line.split()[0]
+            return None
+    return None
+
+
+def confirm(target: Target, run_id: str, within_s: float = CONFIRM_S) -> RunInfo:
+    """Alive for ALIVE_FOR_S with train.log present: launched (a run that already finished with exit
+    code 0 counts too: short runs are real runs). Dead otherwise: LaunchFailed with the log head."""
+    deadline = time.monotonic() + within_s
+    start = time.monotonic()
+    head = b""
+    dead_since: float | None = None
+    stream = probe.probe_stream(target, target.host.workspace, run_id, 0, 0.25, gpus=False, log_max=64 << 10)
+    try:
+        for doc in stream:
+            info = run_from_probe(doc["run"])
+            if len(head) < 64 << 10:
+                head += probe.decode_log(doc)
+            if not info.alive and info.exit_code == 0:
+                return info
+            if not info.alive and info.exit_code is not None:
+                break
+            if not info.alive and info.pid is not None:  # dead: give the supervisor a moment to record why
+                dead_since = dead_since or time.monotonic()
+                if time.monotonic() - dead_since > 2.0:
+                    break
+            if info.alive and doc.get("log") is not None and time.monotonic() - start >= ALIVE_FOR_S:
+                return info
+            if time.monotonic() > deadline:
+                break
+    finally:
+        stream.close()
+    first = "\n".join(head.decode("utf-8", "replace").splitlines()[:20])
+    if info.alive:  # alive but no train.log: the one thing that must never happen
+        raise LaunchFailed(f"run {run_id}: process alive but {info.log_path} is missing", log_head=first,
+                           run_id=run_id)
+    why = f"exited with code {info.exit_code}" if info.exit_code is not None else "never started"
+    raise LaunchFailed(f"run {run_id} {why} within {time.monotonic() - start:.1f}s of launch", log_head=first,
+                       run_id=run_id, hint=f"whole log: dflashctl logs {run_id}")
+
+
+@dataclass
+class WaitResult:
+    reached: bool
+    run: RunInfo
+    line: str | None  # the first step= line, for --wait-for step
+    waited_s: float
+
+    @property
+    def exit_code(self) -> int:
+        """DESIGN §5: 0 reached (or finished), 100 crashed/lost, 103 stopped, 101 timed out."""
+        if self.reached:
+            return int(self.run.verdict().exit_code) if not self.run.alive else 0
+        if self.run.alive:
+            return int(ExitCode.NOT_FINISHED)
+        return int(self.run.verdict().exit_code)
+
+
+def wait(target: Target, run_id: str, what: WaitFor, timeout_s: float | None,
+         on_log: Callable[[bytes], None] | None = None) -> WaitResult:
+    """Block until the run has started / printed its first step / ended, or it died, or timeout."""
+    start = time.monotonic()
+    pending = b""
+    stream = probe.probe_stream(target, target.host.workspace, run_id, 0, 0.5, gpus=False)
+    info: RunInfo | None = None
+    try:
+        for doc in stream:
+            info = run_from_probe(doc["run"])
+            data = probe.decode_log(doc)
+            if on_log and data:
+                on_log(data)
+            pending += data
+            if what == "step":
+                lines = pending.split(b"\n")
+                pending = lines.pop()
+                for raw in lines:
+                    text = raw.decode("utf-8", "replace")
+                    if STEP_RE.search(text):
+                        return WaitResult(True, info, text.strip(), time.monotonic() - start)
+            else:
+                pending = pending[-4096:]
+            drained = (doc.get("log") or {}).get("next_offset", 0) >= (doc.get("log") or {}).get("size", 0)
+            ended = not info.alive and (info.exit_code is not None or info.pid is not None)
+            if what == "started" and info.alive:
+                return WaitResult(True, info, None, time.monotonic() - start)
+            if ended and drained:
+                return WaitResult(what == "exit", info, None, time.monotonic() - start)
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                return WaitResult(False, info, None, time.monotonic() - start)
+    finally:
+        stream.close()
+    assert info is not None
+    return WaitResult(False, info, None, time.monotonic() - start)

@@ -1,0 +1,85 @@
+"""logs: the run's train.log: its tail, a live follow, or only the crashed threads' tracebacks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from dflashctl.analysis import logscan
+from dflashctl.commands._runs import RunInfo, run_from_probe
+from dflashctl.commands.runs import get_run
+from dflashctl.remote import probe
+from dflashctl.remote.target import Target
+
+TAIL_BYTES_PER_LINE = 512
+ERRORS_MAX_BYTES = 64 << 20  # --errors reads at most this much of the log's end
+
+
+@dataclass
+class LogTail:
+    run: RunInfo
+    text: str
+    truncated: bool  # the log has more before `text`
+    next_offset: int = 0  # where a follow continues
+
+
+def tail(target: Target, run: str | None, lines: int = 50) -> LogTail:
+    want = max(64 << 10, lines * TAIL_BYTES_PER_LINE)
+    info, doc = get_run(target, run, log_max=want)
+    data = probe.decode_log(doc)
+    log = doc.get("log") or {}
+    text = data.decode("utf-8", "replace")
+    kept = text.splitlines()[-lines:] if lines > 0 else text.splitlines()
+    truncated = bool(log.get("offset")) or len(kept) < len(text.splitlines())
+    body = "\n".join(kept) + ("\n" if kept and text.endswith("\n") else "")
+    return LogTail(info, body, truncated, int(log.get("next_offset") or 0))
+
+
+@dataclass
+class FollowEvent:
+    data: bytes  # new log bytes (may be empty)
+    run: RunInfo
+    rotated: bool = False
+
+
+def follow(target: Target, run: str | None, *, from_start: bool = False, lines: int = 10,
+           interval: float = 0.5) -> Iterator[FollowEvent]:
+    """The log as it grows, from one long-running probe; ends once the run has ended and its log
+    is drained. Closing the iterator (Ctrl-C) stops only the probe, never the run."""
+    if from_start:
+        info, _ = get_run(target, run)
+        offset = 0
+    else:
+        first = tail(target, run, lines)
+        info = first.run
+        yield FollowEvent(first.text.encode(), info)
+        offset = first.next_offset
+    stream = probe.probe_stream(target, target.host.workspace, info.id, offset, interval, gpus=False)
+    try:
+        for doc in stream:
+            info = run_from_probe(doc["run"]) if doc.get("run") else info
+            log = doc.get("log") or {}
+            data = probe.decode_log(doc)
+            yield FollowEvent(data, info, bool(log.get("rotated")))
+            drained = log.get("next_offset", 0) >= log.get("size", 0)
+            if not info.alive and (info.exit_code is not None or info.pid is not None) and drained:
+                return
+    finally:
+        stream.close()
+
+
+@dataclass
+class ErrorsView:
+    run: RunInfo
+    tracebacks: list[logscan.Traceback]
+    error_files: dict[str, dict] = field(default_factory=dict)  # errors/<thread>.json written by the trainer
+    final_exception: str | None = None
+    scanned_from: int = 0  # byte offset where the scan began (0: the whole log)
+
+
+def errors(target: Target, run: str | None) -> ErrorsView:
+    """Whole tracebacks of crashed threads and the final exception, never just the header line."""
+    info, doc = get_run(target, run, log_max=ERRORS_MAX_BYTES)
+    report = logscan.scan(probe.decode_log(doc))
+    tbs = [tb for tb in report.tracebacks if not tb.ignored]
+    return ErrorsView(info, tbs, info.errors, report.final_exception, (doc.get("log") or {}).get("offset") or 0)

@@ -1,0 +1,36 @@
+"""runs: every run directory of a host with its process verdict, newest first."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from dflashctl.commands._runs import RunInfo, run_from_probe
+from dflashctl.remote import probe
+from dflashctl.remote.target import Target
+
+
+@dataclass
+class RunList:
+    host: str
+    workspace: str
+    runs: list[RunInfo]
+    latest: str | None
+    now: float  # the container's clock, for durations
+
+
+def list_runs(target: Target) -> RunList:
+    doc = probe.probe_once(target, target.host.workspace, "latest", runs=True, gpus=False, log_max=0,
+                           require_run=False)
+    runs = [run_from_probe(r) for r in doc.get("runs") or []]
+    latest = (doc.get("run") or {}).get("id")
+    return RunList(target.host.name, target.host.workspace, runs, latest, float(doc.get("time") or time.time()))
+
+
+def get_run(target: Target, run: str | None, *, log_offset: int | None = None, log_max: int = 0,
+            gpus: bool = False) -> tuple[RunInfo, dict]:
+    """One run (None or "latest": the newest) with the raw probe report; NotFound (102) if absent."""
+    doc = probe.probe_once(target, target.host.workspace, run or "latest", log_offset=log_offset, log_max=log_max,
+                           gpus=gpus)
+    info = run_from_probe(doc["run"])
+    return info, doc

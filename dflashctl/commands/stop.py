@@ -1,0 +1,69 @@
+"""stop: end one run (SIGTERM to its process group, grace, SIGKILL) and record that the user did."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflashctl.commands.runs import get_run
+from dflashctl.errors import DflashError, ExitCode
+from dflashctl.remote import scripts
+from dflashctl.remote.target import Target
+
+
+@dataclass
+class StopResult:
+    run_id: str
+    pid: int
+    exit_code: int
+    escalated: bool  # SIGKILL was needed after the grace period
+    recorded_by: str  # "supervisor" (normal) or "stop" (the supervisor was gone)
+    gpu_released_mib: dict[int, float] | None  # per GPU index, where GPUs exist
+
+
+class NotRunning(DflashError):
+    exit_code = ExitCode.USAGE
+
+
+def stop(target: Target, run: str | None, *, grace_s: float = 30.0) -> StopResult:
+    info, before = get_run(target, run, gpus=True)
+    if not info.alive:
+        if info.exit_code is None:
+            state = "is not running (no live process and no exit code: lost)"
+        elif info.stopped:
+            state = f"was already stopped (exit code {info.exit_code})"
+        else:
+            state = f"has already ended with exit code {info.exit_code}"
+        raise NotRunning(f"run {info.id} {state}; nothing to stop",
+                         hint="see `dflashctl runs` for what is running")
+    res = scripts.call(target, "reaper", "stop", {"run_dir": info.dir, "run_id": info.id, "grace_s": grace_s},
+                       timeout=grace_s + 60)
+    if res.get("outcome") != "stopped":
+        raise NotRunning(f"run {info.id} ended before it could be stopped (exit code {res.get('exit_code')})")
+    _, after = get_run(target, info.id, gpus=True)
+    return StopResult(info.id, int(res["pid"]), int(res["exit_code"]), bool(res.get("escalated")),
+                      str(res.get("recorded_by")), _gpu_delta(before.get("gpus"), after.get("gpus")))
+
+
+def _gpu_delta(before: dict | None, after: dict | None) -> dict[int, float] | None:
+    b, a = gpu_memory(before), gpu_memory(after)
+    if not b or not a:
+        return None
+    return {i: round(b[i] - a.get(i, b[i]), 1) for i in sorted(b)}
+
+
+def gpu_memory(report: dict | None) -> dict[int, float]:
+    """index -> memory used (MiB) from a probe's gpus field (NVML records or nvidia-smi CSV)."""
+    if not report:
+        return {}
+    out: dict[int, float] = {}
+    for g in report.get("nvml") or []:
+        if g.get("memory_used_mib") is not None:
+            out[int(g["index"])] = float(g["memory_used_mib"])
+    for line in (report.get("smi_csv") or "").splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 4 and parts[0].isdigit():
+            try:
+                out[int(parts[0])] = float(parts[3])
+            except ValueError:
+                continue
+    return out

@@ -1,0 +1,174 @@
+"""The probe: one stdlib-only Python program sent on stdin, so it always matches this CLI.
+
+It is assembled from the piece modules in `pieces/` (importable, so each is unit-tested on its
+own) and prints each report as ONE line `DFLASH-PROBE <json>`; anything else on stdout (login
+banners, locale warnings) is ignored by the parser.
+
+Arguments: --workspace W [--run RUN|latest] [--log-offset N] [--log-inode I] [--log-max BYTES]
+[--gpus] [--procs [--pid P ...]] [--runs] [--host-gpu-procs CTID] [--watch --interval S].
+Fields (the contract with `status`): probe_version, time, hostname, run, log, gpus, procs; and,
+added for the lifecycle verbs: run_requested (what --run asked for), disk {path, free_mib,
+total_mib}, run.ended_at (mtime of exit_code), procs[].starttime (clock ticks, for pid reuse),
+run_ids (with --procs: this workspace's run directories), runs (with --runs: every run's state
+plus log_size and last_step), host_gpu_procs (with --host-gpu-procs, run on the Proxmox host:
+{csv, procs: [{pid, ns_pid, used_memory_mib, gpu_uuid, in_container}], error}).
+The log: with --log-offset the bytes from there (at most --log-max); without, the last --log-max
+bytes; a file that shrank below the offset or changed inode is read from 0 with "rotated": true.
+The probe never reports itself or its ancestors (the caller) in procs.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+
+from dflashctl.errors import DflashError, ExitCode, NotFound
+from dflashctl.remote.probe.pieces.util import FRAME, PROBE_VERSION
+from dflashctl.remote.target import Target
+
+__all__ = ["FRAME", "PROBE_VERSION", "build_script", "decode_log", "parse_frames", "probe_args",
+           "probe_host_gpu_procs", "probe_once", "probe_stream"]
+
+PIECES = ("util", "runstate", "logtail", "gpus", "procs", "main")
+DEFAULT_LOG_MAX = 1 << 20
+
+
+@lru_cache(maxsize=1)
+def build_script() -> str:
+    """Concatenate the pieces in order: drop their package-relative imports and their own
+    `from __future__` lines (one goes on top, where Python requires it)."""
+    here = Path(__file__).parent / "pieces"
+    out = ["from __future__ import annotations", "# dflashctl probe (assembled; stdlib only)"]
+    for name in PIECES:
+        out.append(f"# ---- piece: {name}")
+        for line in (here / f"{name}.py").read_text().splitlines():
+            if line.rstrip().endswith("# probe:strip") or line.startswith("from __future__ import"):
+                continue
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def parse_frames(text: str | bytes) -> list[dict]:
+    """Every framed report in `text`, in order; unframed or torn lines are skipped."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    docs = []
+    for line in text.splitlines():
+        doc = _parse_line(line)
+        if doc is not None:
+            docs.append(doc)
+    return docs
+
+
+def _parse_line(line: str) -> dict | None:
+    idx = line.find(FRAME)
+    if idx < 0:
+        return None
+    try:
+        doc = json.loads(line[idx + len(FRAME):])
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if doc.get("probe_version") != PROBE_VERSION:
+        raise DflashError(f"probe version {doc.get('probe_version')!r} does not match this CLI ({PROBE_VERSION})",
+                          hint="the probe is sent with every command; is an old dflashctl on PATH?")
+    return doc
+
+
+def decode_log(doc: dict) -> bytes:
+    """The log bytes a report carries (empty when it carries none)."""
+    log = doc.get("log") or {}
+    return base64.b64decode(log.get("data_b64") or "")
+
+
+def probe_args(workspace: str | None, run: str | None = None, log_offset: int | None = None, *,
+               procs: bool = False, gpus: bool = True, runs: bool = False, log_max: int = DEFAULT_LOG_MAX,
+               log_inode: int | None = None, pids: tuple[int, ...] = ()) -> list[str]:
+    args: list[str] = []
+    for pid in pids:
+        args += ["--pid", str(int(pid))]
+    if workspace:
+        args += ["--workspace", workspace]
+    if run:
+        args += ["--run", run]
+    if log_offset is not None:
+        args += ["--log-offset", str(int(log_offset))]
+    if log_inode is not None:
+        args += ["--log-inode", str(int(log_inode))]
+    args += ["--log-max", str(int(log_max))]
+    for flag, on in (("--procs", procs), ("--gpus", gpus), ("--runs", runs)):
+        if on:
+            args.append(flag)
+    return args
+
+
+def probe_once(target: Target, workspace: str, run: str | None = None, log_offset: int | None = None,
+               procs: bool = False, gpus: bool = True, *, runs: bool = False, log_max: int = DEFAULT_LOG_MAX,
+               log_inode: int | None = None, pids: tuple[int, ...] = (), require_run: bool = True,
+               timeout: float | None = 60) -> dict:
+    """One report. Raises NotFound when `run` was asked for, does not exist and require_run is set.
+    pids: processes to report with --procs even when nothing marks them as interesting."""
+    args = probe_args(workspace, run, log_offset, procs=procs, gpus=gpus, runs=runs, log_max=log_max,
+                      log_inode=log_inode, pids=pids)
+    res = target.python(build_script(), *args, timeout=timeout)
+    docs = parse_frames(res.stdout)
+    if not docs:
+        raise _no_report(target, res.exit_code, res.tail())
+    doc = docs[-1]
+    if run and require_run and doc.get("run") is None:
+        raise NotFound(f"run {run!r} not found in {workspace}/runs on {target.host.name}",
+                       hint="list runs with `dflashctl runs`")
+    return doc
+
+
+def probe_stream(target: Target, workspace: str, run: str | None, log_offset: int | None, interval: float,
+                 *, procs: bool = False, gpus: bool = True, log_max: int = DEFAULT_LOG_MAX) -> Iterator[dict]:
+    """One report per interval from a single long-running probe (no per-poll `pct exec` cost); each
+    carries only the log bytes new since the previous one. Close the iterator to stop the probe."""
+    args = probe_args(workspace, run, log_offset, procs=procs, gpus=gpus, log_max=log_max)
+    args += ["--watch", "--interval", f"{interval:g}"]
+    lines = target.stream([target.host.python, "-", *args], stdin=build_script().encode())
+    got = False
+    try:
+        for line in lines:
+            doc = _parse_line(line.decode("utf-8", "replace"))
+            if doc is not None:
+                got = True
+                yield doc
+    finally:
+        close = getattr(lines, "close", None)
+        if close is not None:
+            close()
+    if not got:
+        raise _no_report(target, None, "the watch probe ended without a report")
+
+
+def probe_host_gpu_procs(target: Target, timeout: float | None = 60) -> dict:
+    """GPU compute processes with their memory, keyed by the pids the target sees. On a container
+    host this runs `python3` on the Proxmox host itself (nvidia-smi inside LXC lists no processes)
+    and maps through cgroup + NSpid; elsewhere nvidia-smi's pids are the target's own."""
+    ct = target.host.container
+    if ct is None:
+        res = target.run([target.host.python, "-", "--host-gpu-procs", "-"], stdin=build_script().encode(),
+                         timeout=timeout)
+    else:
+        res = target.run_host(["python3", "-", "--host-gpu-procs", str(ct)], stdin=build_script().encode(),
+                              timeout=timeout)
+    docs = parse_frames(res.stdout)
+    if not docs:
+        return {"csv": None, "procs": [], "error": f"host probe printed no report (exit {res.exit_code}): "
+                f"{res.tail() or 'no output'}"}
+    return docs[-1].get("host_gpu_procs") or {"csv": None, "procs": [], "error": "no host_gpu_procs field"}
+
+
+def _no_report(target: Target, code: int | None, tail: str) -> DflashError:
+    hint = None
+    if code == 127:
+        hint = f"is `{target.host.python}` installed there? set `python` for host {target.host.name} in hosts.toml"
+    return DflashError(f"probe on {target.host.name} printed no report"
+                       f"{f' (exit {code})' if code is not None else ''}: {tail or 'no output'}",
+                       hint=hint, exit_code=ExitCode.NOT_FOUND)

@@ -1,0 +1,97 @@
+"""Probe piece: arguments, one framed JSON report per line, and the --watch loop."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+from .gpus import gpu_report  # probe:strip
+from .logtail import read_log  # probe:strip
+from .procs import host_gpu_procs, scan_procs  # probe:strip
+from .runstate import list_runs, resolve_run, run_ids, run_state  # probe:strip
+from .util import FRAME, PROBE_VERSION  # probe:strip
+
+
+def parse_args(argv: list) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="dflash-probe")
+    p.add_argument("--workspace")
+    p.add_argument("--run")
+    p.add_argument("--log-offset", type=int)
+    p.add_argument("--log-inode", type=int)
+    p.add_argument("--log-max", type=int, default=1 << 20)
+    p.add_argument("--procs", action="store_true")
+    p.add_argument("--pid", type=int, action="append", default=[], help="with --procs: report this pid too")
+    p.add_argument("--gpus", action="store_true")
+    p.add_argument("--runs", action="store_true", help="list every run's state")
+    p.add_argument("--host-gpu-procs", metavar="CTID", help="run on the Proxmox host: compute apps of CTID")
+    p.add_argument("--watch", action="store_true")
+    p.add_argument("--interval", type=float, default=1.0)
+    return p.parse_args(argv)
+
+
+def disk_free(path: str) -> dict | None:
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path.rstrip("/")) or "/"
+    try:
+        st = os.statvfs(path or "/")
+    except OSError:
+        return None
+    return {"path": path, "free_mib": st.f_bavail * st.f_frsize / 1048576.0,
+            "total_mib": st.f_blocks * st.f_frsize / 1048576.0}
+
+
+def report(args: argparse.Namespace, offset, inode) -> dict:
+    doc = {"probe_version": PROBE_VERSION, "time": time.time(), "hostname": socket.gethostname(),
+           "run": None, "run_requested": args.run, "log": None}
+    if args.workspace:
+        runs_dir = os.path.join(args.workspace, "runs")
+        doc["disk"] = disk_free(args.workspace)
+        if args.run:
+            found = resolve_run(runs_dir, args.run)
+            if found:
+                doc["run"] = run_state(*found)
+                doc["log"] = read_log(os.path.join(found[1], "train.log"), offset, args.log_max, inode)
+        if args.runs:
+            doc["runs"] = list_runs(runs_dir)
+    if args.gpus:
+        doc["gpus"] = gpu_report()
+    if args.procs:
+        doc["procs"] = scan_procs(exclude=(os.getpid(),), include=tuple(args.pid))
+        if args.workspace:
+            doc["run_ids"] = run_ids(os.path.join(args.workspace, "runs"))
+    if args.host_gpu_procs:
+        doc["host_gpu_procs"] = host_gpu_procs(args.host_gpu_procs)
+    return doc
+
+
+def emit(doc: dict) -> None:
+    sys.stdout.write(FRAME + json.dumps(doc, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list) -> int:
+    args = parse_args(argv)
+    offset, inode = args.log_offset, args.log_inode
+    try:
+        while True:
+            started = time.time()
+            doc = report(args, offset, inode)
+            emit(doc)
+            if not args.watch:
+                return 0
+            log = doc.get("log")
+            if log is not None:
+                offset, inode = log["next_offset"], log["inode"]
+            elif doc.get("run") is None:
+                offset, inode = None, None  # a new latest run will start from its tail
+            time.sleep(max(0.0, args.interval - (time.time() - started)))
+    except (BrokenPipeError, KeyboardInterrupt):
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,93 @@
+"""Probe piece: small /proc and file readers shared by the other pieces (stdlib only).
+
+Pieces are importable modules (so they can be unit-tested here) and are also concatenated into
+the one script sent on stdin; lines ending in "probe:strip" are dropped when assembling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+PROBE_VERSION = 1
+FRAME = "DFLASH-PROBE "
+MARKER = "DFLASH_RUN_ID"
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def read_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return None
+
+
+def read_json(path: str) -> dict | None:
+    data = read_bytes(path)
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data.decode("utf-8", "replace"))
+    except ValueError:
+        return {"_unparsed": data.decode("utf-8", "replace")[:2000]}
+    return doc if isinstance(doc, dict) else {"_value": doc}
+
+
+def read_int(path: str) -> int | None:
+    data = read_bytes(path, 64)
+    try:
+        return int(data.strip()) if data else None
+    except ValueError:
+        return None
+
+
+def proc_stat(pid: int) -> dict | None:
+    """state, ppid, pgid and start time (clock ticks since boot) from /proc/PID/stat."""
+    data = read_bytes(f"/proc/{pid}/stat", 4096)
+    if not data:
+        return None
+    text = data.decode("utf-8", "replace")
+    rest = text[text.rfind(")") + 2:].split()  # the comm field may contain spaces and parens
+    try:
+        return {"state": rest[0], "ppid": int(rest[1]), "pgid": int(rest[2]), "starttime": int(rest[19])}
+    except (IndexError, ValueError):
+        return None
+
+
+def proc_marker(pid: int) -> str | None:
+    """DFLASH_RUN_ID from the process's environment (set at exec time, so it cannot drift)."""
+    data = read_bytes(f"/proc/{pid}/environ", 1 << 18)
+    if not data:
+        return None
+    for item in data.split(b"\0"):
+        if item.startswith(MARKER.encode() + b"="):
+            return item[len(MARKER) + 1:].decode("utf-8", "replace")
+    return None
+
+
+def proc_cmdline(pid: int, limit: int = 400) -> str:
+    data = read_bytes(f"/proc/{pid}/cmdline", 8192) or b""
+    return data.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")[:limit]
+
+
+def boot_time() -> float:
+    for line in (read_bytes("/proc/stat", 1 << 16) or b"").decode().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def proc_age_s(starttime_ticks: int, now: float, btime: float) -> float:
+    return max(0.0, now - (btime + starttime_ticks / float(_CLK_TCK)))
+
+
+def run_alive(pid: int | None, run_id: str) -> bool:
+    """The recorded pid is alive AND still ours: not defunct, and carries this run's marker
+    (a reused pid carries some other environment)."""
+    if not pid:
+        return False
+    st = proc_stat(pid)
+    if st is None or st["state"] in ("Z", "X"):
+        return False
+    return proc_marker(pid) == run_id

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# `make demo`: the main job, end to end, on the `local` host (this machine, CPU): deploy the trainer,
+# launch the tiny CPU config detached with its own run directory, wait for its first steps (no blind
+# sleep), show its state, stop it. Whatever happens, the run started here is stopped on exit.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DFLASHCTL=${DFLASHCTL:-.venv/bin/dflashctl}
+HOST=(--host "${DEMO_HOST:-local}")
+RUN=""
+
+show() { printf '\n\033[1m$ dflashctl %s\033[0m\n' "$*"; }
+cleanup() {
+    if [[ -n $RUN ]]; then "$DFLASHCTL" stop "${HOST[@]}" "$RUN" >/dev/null 2>&1 || true; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+show deploy "${HOST[@]}"
+"$DFLASHCTL" deploy "${HOST[@]}" || exit $?
+
+show kill-zombies "${HOST[@]}" --dry-run
+"$DFLASHCTL" kill-zombies "${HOST[@]}" --dry-run || exit $?
+
+latest() { "$DFLASHCTL" runs "${HOST[@]}" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["latest"] or "")'; }
+before=$(latest)
+show launch "${HOST[@]}" --name demo --wait-for step --timeout 300
+"$DFLASHCTL" launch "${HOST[@]}" --name demo --wait-for step --timeout 300
+rc=$?
+after=$(latest)
+if [[ -n $after && $after != "$before" ]]; then RUN=$after; fi  # only ever stop the run started here
+if [[ $rc -ne 0 ]]; then
+    if [[ -n $RUN ]]; then
+        show logs "${HOST[@]}" "$RUN" --errors
+        "$DFLASHCTL" logs "${HOST[@]}" "$RUN" --errors
+    fi
+    exit "$rc"
+fi
+
+sleep 3  # a few more steps, so the status below has progress to judge
+if "$DFLASHCTL" status --help >/dev/null 2>&1; then
+    show status "${HOST[@]}" "$RUN"
+    "$DFLASHCTL" status "${HOST[@]}" "$RUN"
+fi
+show runs "${HOST[@]}"
+"$DFLASHCTL" runs "${HOST[@]}"
+
+show logs "${HOST[@]}" "$RUN" -n 5
+"$DFLASHCTL" logs "${HOST[@]}" "$RUN" -n 5
+
+show stop "${HOST[@]}" "$RUN"
+"$DFLASHCTL" stop "${HOST[@]}" "$RUN"
+rc=$?
+RUN=""
+if [[ $rc -ne 103 ]]; then echo "stop returned $rc (expected 103: stopped by user)"; exit 1; fi
+
+show runs "${HOST[@]}"
+"$DFLASHCTL" runs "${HOST[@]}"
+echo
+echo "demo done: the run was deployed, launched detached, confirmed training, and stopped."

@@ -1,0 +1,36 @@
+"""The real trainer (trainer/, torch on the CPU) through the whole lifecycle: no stand-in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .conftest import alive
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def _trainer_present() -> bool:
+    root = Path(__file__).resolve().parents[2] / "trainer"
+    return (root / "__main__.py").is_file() and (root / "configs" / "tiny-cpu.toml").is_file()
+
+
+@pytest.mark.skipif(not _trainer_present(), reason="trainer/ with configs/tiny-cpu.toml is not in this tree")
+def test_real_trainer_deploy_launch_step_stop_on_local(local_host, cli):
+    res = cli("launch", "--name", "real", "--wait-for", "step", "--timeout", "240", "--json", "--",
+              "--set", "train.steps=100000")
+    assert res.code == 0, res.err
+    doc = res.json()
+    assert doc["wait"]["reached"] and doc["wait"]["line"].startswith("step=")
+    assert any("deployed" in n for n in doc["notes"])
+    rd = Path(doc["run_dir"])
+    assert (rd / "config.toml").read_text() == (Path(__file__).resolve().parents[2] / "trainer" / "configs"
+                                                / "tiny-cpu.toml").read_text()
+    assert cli("launch", "--name", "again").code == 2  # refused while the first one trains
+    stopped = cli("stop", "--json")
+    assert stopped.code == 103 and stopped.json()["exit_code"] == 143  # the trainer's own SIGTERM exit
+    assert not alive(doc["pid"])
+    log = (rd / "train.log").read_text()
+    assert "received SIGTERM" in log and "[dflashctl] trainer exited with code 143" in log
+    assert cli("runs", "--json").json()["runs"][0]["verdict"] == "stopped"
