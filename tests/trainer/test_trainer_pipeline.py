@@ -1,0 +1,70 @@
+"""In-process pipeline checks: the all-reduce keeps replicas bit-identical; torch config is per thread."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from trainer_harness import REPO, TINY
+
+from trainer.config import load_config
+from trainer.pipeline import AllReduce, Trainer
+from trainer.supervise import Fault
+
+
+def small_config(**extra: str):
+    sets = {"runtime.compile_strategy": "off", "train.steps": "6", "train.batch_size": "2", "train.seq_len": "64",
+            "train.log_interval": "3", "train.checkpoint_interval": "0", **extra}
+    return load_config(REPO / TINY, [f"{k}={v}" for k, v in sets.items()])
+
+
+def test_gradient_averaging_keeps_replicas_bit_identical(tmp_path):
+    trainer = Trainer(small_config(), tmp_path, fault=Fault(None))
+    before = [p.detach().clone() for p in trainer.replicas[0].parameters()]
+    assert trainer.run() == 0
+    states = [r.state_dict() for r in trainer.replicas]
+    for other in states[1:]:
+        assert all(torch.equal(states[0][k], other[k]) for k in states[0])
+    assert any(not torch.equal(b, a) for b, a in zip(before, trainer.replicas[0].parameters(), strict=True))
+    # the drafters saw different data: without the all-reduce their gradients would differ
+    b = trainer.data.batch(0, 6)
+    assert not torch.equal(b.ids[:2], b.ids[2:4])
+
+
+def test_allreduce_mean_is_identical_for_every_rank_and_survives_a_leaver():
+    ar, abort = AllReduce([0, 1, 2]), threading.Event()
+    vals = {0: torch.tensor([1.0, 2.0]), 1: torch.tensor([3.0, 4.0]), 2: torch.tensor([0.1, 0.7])}
+    out: dict[int, torch.Tensor] = {}
+
+    def worker(r: int) -> None:
+        out[r] = ar.mean(r, vals[r], abort)[0].clone()
+
+    ts = [threading.Thread(target=worker, args=(r,)) for r in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(10)
+    assert torch.equal(out[0], out[1]) and torch.equal(out[1], out[2])
+    torch.testing.assert_close(out[0], (vals[0] + vals[1] + vals[2]) / 3)
+    # rank 2 leaves: ranks 0 and 1 finish a step without it
+    ar.leave(2)
+    t = threading.Thread(target=worker, args=(1,))
+    t.start()
+    result, group = ar.mean(0, vals[0], abort)
+    t.join(10)
+    assert group == (0, 1)
+    torch.testing.assert_close(result, (vals[0] + vals[1]) / 2)
+
+
+def test_dynamo_config_set_in_main_is_not_seen_by_a_new_thread():
+    """Why apply_thread_settings runs inside every thread: torch 2.13 config is per thread (ContextVar)."""
+    old = torch._dynamo.config.recompile_limit
+    seen: list[int] = []
+    try:
+        torch._dynamo.config.recompile_limit = old + 17
+        t = threading.Thread(target=lambda: seen.append(torch._dynamo.config.recompile_limit))
+        t.start()
+        t.join()
+    finally:
+        torch._dynamo.config.recompile_limit = old
+    assert seen == [old]

@@ -1,0 +1,1 @@
+"""dflash trainer: multi-threaded DFlash drafter training that survives torch.compile (docs/trainer.md)."""

@@ -1,0 +1,73 @@
+"""`python -m trainer --config FILE.toml --run-dir DIR [--resume] [--set section.key=value ...]`.
+
+Exit codes: 0 finished, 1 a thread failed (abort), 2 bad arguments or config (one line on stderr), 143 SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse would print usage + error)
+        print(f"trainer: error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = _Parser(prog="python -m trainer", description="Multi-threaded DFlash drafter training.")
+    p.add_argument("--config", help="TOML config (relative paths resolve from the working directory)")
+    p.add_argument("--run-dir", help="run directory (default: runs/<DFLASH_RUN_ID or timestamp>)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run dir")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (repeatable), typed like the default")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from trainer.config import ConfigError, load_config  # no torch import: a bad config fails in milliseconds
+
+    try:
+        cfg = load_config(args.config, args.set)
+    except ConfigError as e:
+        print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
+        return 2
+    run_id = os.environ.get("DFLASH_RUN_ID") or time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(args.run_dir or Path("runs") / run_id)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"trainer: error: cannot create run dir {run_dir}: {e}", file=sys.stderr, flush=True)
+        return 2
+    # SIGTERM is honoured from here on, even while torch imports and the models build (minutes on big targets)
+    stop = threading.Event()
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        if not stop.is_set():
+            print("received SIGTERM: finishing the current step, then checkpoint and exit 143", flush=True)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    from trainer.pipeline import Trainer
+
+    trainer = Trainer(cfg, run_dir, resume=args.resume)
+    trainer.sup.stop = stop
+    return trainer.run()
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code in (0, 2):
+        sys.exit(code)
+    os._exit(code)  # abort / SIGTERM: do not wait on threads that may be stuck in C code

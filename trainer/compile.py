@@ -1,0 +1,84 @@
+"""Compile strategies: how the drafter's training forward is (or is not) put through torch.compile.
+
+`warmup` (default) is the safe way to use torch.compile from threads (docs/trainer.md, "thread-safety rules"):
+fixed shapes, every compiled function built and run forward+backward once per device on the main thread before
+any worker starts, dynamo/inductor settings applied inside every thread, no eager flex_attention anywhere.
+`naive` is the seed's way, kept because it reproduces the real crash: workers compile on first use,
+concurrently, while the coordinator runs eager flex_attention. `off` runs eager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from trainer.config import RuntimeConfig
+from trainer.loss import dflash_loss
+from trainer.model import Drafter, sdpa_attend
+
+StepFn = Callable[..., tuple[Tensor, Tensor, Tensor]]
+
+
+def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: Any) -> Tensor:
+    """flex_attention with a BlockMask. Inside a compiled region it becomes the fused kernel; called eagerly it
+    wraps itself in torch.compile and toggles the process-global FX-tracing flag (the seed's crash)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(q, k, v, block_mask=block_mask)
+
+
+def resolve_attention(attention: str, device: str) -> str:
+    """auto -> flex on CUDA, sdpa on CPU (flex_attention has no backward on the CPU in torch 2.13)."""
+    if attention == "auto":
+        return "flex" if device.startswith("cuda") else "sdpa"
+    return attention
+
+
+def drafter_forward(drafter: Drafter, block_ids: Tensor, block_pos: Tensor, hidden: Tensor, mask: Any,
+                    labels: Tensor, weights: Tensor, use_flex: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The function that gets compiled: drafter forward + DFlash loss (backward is compiled by AOTAutograd)."""
+    logits = drafter(block_ids, block_pos, hidden, flex_attend if use_flex else sdpa_attend, mask)
+    return dflash_loss(logits, labels, weights)
+
+
+def apply_thread_settings(rt: RuntimeConfig) -> None:
+    """Dynamo/inductor settings and intra-op threads. torch 2.13 keeps config values per thread (ContextVar),
+    so this runs at the top of every thread, not once in main: a value set in main is unseen by workers."""
+    if rt.torch_threads:
+        torch.set_num_threads(rt.torch_threads)
+    torch._dynamo.config.recompile_limit = rt.recompile_limit
+    torch._dynamo.config.automatic_dynamic_shapes = False  # fixed shapes: a shape change must show as a recompile
+    torch._dynamo.config.assume_static_by_default = True
+
+
+def build_step_fn(rt: RuntimeConfig, device: str) -> StepFn:
+    """One step function per process (dynamo caches per code object; replicas share graphs per device)."""
+    if rt.compile_strategy == "off":
+        return drafter_forward
+    mode = "reduce-overhead" if rt.cuda_graphs and device.startswith("cuda") else None
+    # reduce-overhead = inductor CUDA graph trees: one tree per thread, captured with
+    # capture_error_mode="thread_local" so one thread's capture does not fail another thread's CUDA calls.
+    return torch.compile(drafter_forward, mode=mode)
+
+
+class CompileCounter:
+    """Counts dynamo frame compilations; everything after `mark_warm()` is a recompile (fixed shapes => 0)."""
+
+    def __init__(self) -> None:
+        self._warm_at: int | None = None
+
+    @staticmethod
+    def frames() -> int:
+        from torch._dynamo.utils import counters
+
+        return int(counters["frames"]["total"])
+
+    def mark_warm(self) -> None:
+        self._warm_at = self.frames()
+
+    @property
+    def recompiles(self) -> int:
+        return 0 if self._warm_at is None else self.frames() - self._warm_at

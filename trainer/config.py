@@ -1,0 +1,272 @@
+"""One typed config for the trainer: TOML file + `--set section.key=value` overrides, validated up front.
+
+Every field has a default; the TOML file only names what differs. Unknown sections/keys and bad values raise
+`ConfigError`, which `__main__` prints as one line naming the file and the key (exit 2) — a typo must never turn
+into a silently ignored setting or a traceback minutes into a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+COMPILE_STRATEGIES = ("warmup", "naive", "off")
+ATTENTION_PATHS = ("auto", "sdpa", "flex")
+FAILURE_POLICIES = ("abort", "continue")
+SCHEDULES = ("cosine", "constant")
+
+
+class ConfigError(Exception):
+    """A bad config file, key or value; the message already names file and key."""
+
+
+@dataclass
+class TargetConfig:
+    """The frozen target LM. `path = ""` builds the tiny random model below (issue 5 adds HF checkpoints)."""
+
+    path: str = ""
+    vocab_size: int = 256
+    hidden_size: int = 64
+    num_layers: int = 6
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    layer_ids: list[int] = field(default_factory=list)
+    """Layers whose outputs are captured; empty = spread over [1, L-3] (DFlash)."""
+    num_captured: int = 3
+    """How many layers to capture when `layer_ids` is empty."""
+    init_seed: int = 1234
+
+
+@dataclass
+class DrafterConfig:
+    """The DFlash drafter: a few layers over [projected target context ; block]."""
+
+    num_layers: int = 2
+    block_size: int = 16
+    gamma: float = 0.0
+    """Loss decay exp(-(k-1)/gamma); 0 = the DFlash default (7 for B=16, scaled with B)."""
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+
+
+@dataclass
+class DataConfig:
+    """Synthetic sequences (see docs/trainer.md): uniform prompt, then a fixed sparse Markov chain response."""
+
+    kind: str = "markov"
+    prompt_len: int = 16
+    branching: int = 2
+    """Successors per token in the chain; the first has probability `top_prob`."""
+    top_prob: float = 0.9
+    chain_seed: int = 7
+
+
+@dataclass
+class DevicesConfig:
+    target: list[str] = field(default_factory=lambda: ["cpu"])
+    drafters: list[str] = field(default_factory=lambda: ["cpu", "cpu", "cpu"])
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100
+    batch_size: int = 4
+    """Sequences per drafter per step."""
+    seq_len: int = 128
+    num_anchors: int = 4
+    """Anchors (blocks) per sequence; fixed so every shape is static."""
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 10
+    schedule: str = "cosine"
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_interval: int = 10
+    checkpoint_interval: int = 50
+    keep_checkpoints: int = 3
+    queue_depth: int = 2
+
+
+@dataclass
+class RuntimeConfig:
+    compile_strategy: str = "warmup"
+    attention: str = "auto"
+    """auto = flex_attention on CUDA, SDPA with the materialised mask on CPU (flex has no CPU backward)."""
+    on_worker_failure: str = "abort"
+    torch_threads: int = 1
+    """Intra-op threads per process; 1 avoids N worker threads x M OpenMP threads fighting over few cores."""
+    heartbeat_interval_s: float = 2.0
+    recompile_limit: int = 8
+    cuda_graphs: bool = False
+    """CUDA only: compile with mode='reduce-overhead' (per-thread CUDA graph trees, thread_local capture)."""
+
+
+@dataclass
+class Config:
+    target: TargetConfig = field(default_factory=TargetConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    @property
+    def gamma(self) -> float:
+        return self.drafter.gamma or 7.0 * self.drafter.block_size / 16
+
+    @property
+    def layer_ids(self) -> list[int]:
+        return self.target.layer_ids or spread_layers(self.target.num_layers, self.target.num_captured)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def spread_layers(num_layers: int, count: int) -> list[int]:
+    """DFlash's choice: `count` layers evenly over [1, L-3] (e.g. 1, 9, 17, 25, 33 of 36)."""
+    lo, hi = 1, max(1, num_layers - 3)
+    if count <= 1:
+        return [lo]
+    return sorted({round(lo + i * (hi - lo) / (count - 1)) for i in range(count)})
+
+
+def _coerce(value: Any, default: Any, where: str) -> Any:
+    """Check/convert one value against the default's type (int accepted for float, nothing else widened)."""
+    is_num = isinstance(value, int | float) and not isinstance(value, bool)
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok, value = is_num, float(value) if is_num else value
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        raise ConfigError(f"{where}: expected {type(default).__name__}, got {type(value).__name__} {value!r}")
+    return list(value) if isinstance(value, list) else value
+
+
+def _parse_override(text: str, default: Any) -> Any:
+    """`--set` values are typed by the default: `50` for ints, `true` for bools, TOML syntax for lists."""
+    if isinstance(default, str):
+        return text
+    if isinstance(default, bool):
+        low = text.lower()
+        if low in ("true", "1", "yes"):
+            return True
+        if low in ("false", "0", "no"):
+            return False
+        return text
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
+    sub = getattr(cfg, section, None)
+    if sub is None or not dataclasses.is_dataclass(sub):
+        raise ConfigError(f"{where}: unknown section [{section}]")
+    names = {f.name for f in dataclasses.fields(sub)}
+    if key not in names:
+        raise ConfigError(f"{where}: unknown key '{section}.{key}'")
+    setattr(sub, key, _coerce(value, getattr(sub, key), where))
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Read TOML (if given), apply `section.key=value` overrides, validate. Raises ConfigError."""
+    cfg = Config()
+    name = str(path) if path else "<defaults>"
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{name}: file not found") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{name}: cannot read ({e})") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{name}: invalid TOML ({e})") from None
+        for section, body in data.items():
+            if not isinstance(body, dict):
+                raise ConfigError(f"{name}: key '{section}': expected a [{section}] table")
+            for key, value in body.items():
+                _apply(cfg, section, key, value, f"{name}: key '{section}.{key}'")
+    for item in overrides:
+        where = f"{name}: override '{item}'"
+        dotted, sep, text = item.partition("=")
+        section, dot, key = dotted.strip().partition(".")
+        if not sep or not dot:
+            raise ConfigError(f"{where}: expected section.key=value")
+        sub = getattr(cfg, section, None)
+        default = getattr(sub, key, None) if dataclasses.is_dataclass(sub) else None
+        _apply(cfg, section, key, _parse_override(text.strip(), default), where)
+    validate(cfg, name)
+    return cfg
+
+
+def validate(cfg: Config, name: str) -> None:
+    """Cross-field checks; each error names the key it is about."""
+
+    def need(ok: bool, key: str, why: str) -> None:
+        if not ok:
+            raise ConfigError(f"{name}: key '{key}': {why}")
+
+    t, d, tr, rt, dv, da = cfg.target, cfg.drafter, cfg.train, cfg.runtime, cfg.devices, cfg.data
+    need(rt.compile_strategy in COMPILE_STRATEGIES, "runtime.compile_strategy", f"one of {COMPILE_STRATEGIES}")
+    need(rt.attention in ATTENTION_PATHS, "runtime.attention", f"one of {ATTENTION_PATHS}")
+    need(rt.attention != "flex" or all(d.startswith("cuda") for d in dv.drafters), "runtime.attention",
+         "flex needs CUDA drafters (flex_attention has no backward on the CPU); use auto or sdpa")
+    need(rt.on_worker_failure in FAILURE_POLICIES, "runtime.on_worker_failure", f"one of {FAILURE_POLICIES}")
+    need(tr.schedule in SCHEDULES, "train.schedule", f"one of {SCHEDULES}")
+    need(da.kind == "markov", "data.kind", "only 'markov' is implemented")
+    need(t.path == "", "target.path", "HF checkpoints are not supported yet (issue 5); leave empty for the tiny model")
+    for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+        need(getattr(t, key) > 0, f"target.{key}", "must be > 0")
+    need(t.hidden_size % t.num_heads == 0, "target.num_heads", "must divide target.hidden_size")
+    need(t.num_heads % t.num_kv_heads == 0, "target.num_kv_heads", "must divide target.num_heads")
+    need((t.hidden_size // t.num_heads) % 2 == 0, "target.num_heads", "head dim must be even (rotary)")
+    need(all(isinstance(i, int) and 0 <= i < t.num_layers for i in t.layer_ids), "target.layer_ids",
+         f"layer ids must be ints in [0, {t.num_layers})")
+    need(t.num_captured >= 1, "target.num_captured", "must be >= 1")
+    need(d.num_layers >= 1, "drafter.num_layers", "must be >= 1")
+    need(d.block_size >= 2, "drafter.block_size", "must be >= 2")
+    need(d.gamma >= 0, "drafter.gamma", "must be >= 0")
+    need(t.hidden_size % d.num_heads == 0, "drafter.num_heads", "must divide target.hidden_size")
+    need(d.num_heads % d.num_kv_heads == 0, "drafter.num_kv_heads", "must divide drafter.num_heads")
+    need(d.intermediate_size > 0, "drafter.intermediate_size", "must be > 0")
+    need(tr.steps >= 1, "train.steps", "must be >= 1")
+    need(tr.batch_size >= 1, "train.batch_size", "must be >= 1")
+    need(tr.num_anchors >= 1, "train.num_anchors", "must be >= 1")
+    room = tr.seq_len - da.prompt_len - d.block_size + 1
+    need(room >= tr.num_anchors, "train.seq_len",
+         f"response part too short: seq_len - prompt_len - block_size + 1 = {room} < num_anchors {tr.num_anchors}")
+    need(da.prompt_len >= 1, "data.prompt_len", "must be >= 1")
+    need(1 <= da.branching <= t.vocab_size - 1, "data.branching", "must be in [1, vocab_size-1]")
+    need(0 < da.top_prob <= 1, "data.top_prob", "must be in (0, 1]")
+    need(tr.lr > 0 and 0 <= tr.min_lr <= tr.lr, "train.min_lr", "need 0 <= min_lr <= lr and lr > 0")
+    need(tr.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
+    need(tr.log_interval >= 1, "train.log_interval", "must be >= 1")
+    need(tr.checkpoint_interval >= 0, "train.checkpoint_interval", "must be >= 0 (0 = only at exit)")
+    need(tr.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
+    need(tr.queue_depth >= 1, "train.queue_depth", "must be >= 1")
+    need(len(dv.drafters) >= 1, "devices.drafters", "need at least one drafter device")
+    need(len(dv.target) >= 1, "devices.target", "need at least one target device")
+    for key, devs in (("devices.target", dv.target), ("devices.drafters", dv.drafters)):
+        for dev in devs:
+            need(isinstance(dev, str) and (dev == "cpu" or _is_cuda(dev)), key, f"bad device {dev!r}")
+    need(rt.torch_threads >= 0, "runtime.torch_threads", "must be >= 0 (0 = leave torch's default)")
+    need(rt.heartbeat_interval_s > 0, "runtime.heartbeat_interval_s", "must be > 0")
+    need(rt.recompile_limit >= 1, "runtime.recompile_limit", "must be >= 1")
+
+
+def _is_cuda(dev: str) -> bool:
+    head, _, idx = dev.partition(":")
+    return head == "cuda" and (idx == "" or idx.isdigit())

@@ -1,0 +1,385 @@
+"""The training pipeline: one coordinator thread (target model -> per-drafter queues), N drafter threads (one
+replica each), a barrier-based gradient all-reduce that keeps the replicas bit-identical, and the main thread
+supervising (heartbeat, abort, SIGTERM).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from trainer import checkpoint
+from trainer.compile import (
+    CompileCounter,
+    apply_thread_settings,
+    build_step_fn,
+    flex_attend,
+    resolve_attention,
+)
+from trainer.config import Config, TrainConfig
+from trainer.data import MarkovData
+from trainer.loss import block_inputs, position_weights
+from trainer.masks import causal_block_mask, dense_mask, flex_block_mask
+from trainer.model import Drafter, TinyTarget, build_drafter
+from trainer.supervise import CRASHED, FINISHED, RUNNING, Fault, Supervisor
+from trainer.telemetry import Heartbeat, Progress, emit, log_line
+
+EXIT_OK, EXIT_FAILED, EXIT_SIGTERM = 0, 1, 143
+STOP_GRACE_S = 60.0
+
+
+class Aborted(Exception):
+    """Raised inside a worker when the run is being aborted because another thread failed (not a crash)."""
+
+
+@dataclass
+class Work:
+    step: int
+    ids: Tensor
+    anchors: Tensor
+    hidden: Tensor
+
+
+class AllReduce:
+    """Mean of one flat tensor per drafter thread, every step.
+
+    The last thread to arrive sums the slots in rank order and divides once; everyone copies that one result,
+    so every replica applies bit-identical gradients (and sees the same metrics and stop flag). A thread that
+    leaves (finished or crashed) is dropped from the group so the others never wait for it."""
+
+    def __init__(self, ranks: list[int]) -> None:
+        self.cond = threading.Condition()
+        self.active = set(ranks)
+        self.slots: dict[int, Tensor] = {}
+        self.generation = 0
+        self.result: Tensor | None = None
+        self.group: tuple[int, ...] = ()
+
+    def _maybe_finish(self) -> None:
+        if not self.active or not self.active.issubset(self.slots):
+            return
+        ranks = sorted(self.active)
+        total = self.slots[ranks[0]].clone()
+        for r in ranks[1:]:
+            total += self.slots[r].to(total.device)
+        self.result = total / len(ranks)
+        self.group = tuple(ranks)
+        self.slots.clear()
+        self.generation += 1
+        self.cond.notify_all()
+
+    def mean(self, rank: int, tensor: Tensor, abort: threading.Event) -> tuple[Tensor, tuple[int, ...]]:
+        """Returns the mean and the ranks that took part (the lowest one is this step's leader)."""
+        with self.cond:
+            gen = self.generation
+            self.slots[rank] = tensor
+            self._maybe_finish()
+            while self.generation == gen:
+                if abort.is_set():
+                    raise Aborted()
+                self.cond.wait(0.2)
+            assert self.result is not None
+            return self.result, self.group
+
+    def leave(self, rank: int) -> None:
+        with self.cond:
+            self.active.discard(rank)
+            self.slots.pop(rank, None)
+            self._maybe_finish()
+
+
+def build_target(cfg: Config) -> TinyTarget:
+    """The one place a target is chosen: the tiny random model now; an HF checkpoint (issue 5) plugs in here
+    behind the same `model.TargetModel` interface."""
+    return TinyTarget(cfg.target).place(cfg.devices.target)
+
+
+def lr_at(step: int, tr: TrainConfig) -> float:
+    """Linear warm-up, then cosine (or constant) from lr to min_lr over the run."""
+    if step < tr.warmup_steps:
+        return tr.lr * (step + 1) / tr.warmup_steps
+    if tr.schedule == "constant":
+        return tr.lr
+    span = max(1, tr.steps - tr.warmup_steps)
+    frac = min(1.0, (step - tr.warmup_steps) / span)
+    return tr.min_lr + 0.5 * (tr.lr - tr.min_lr) * (1 + math.cos(math.pi * frac))
+
+
+class Trainer:
+    """Builds everything from a Config and runs it; `run()` returns the process exit code."""
+
+    def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, fault: Fault | None = None) -> None:
+        self.cfg, self.run_dir, self.resume = cfg, run_dir, resume
+        tr, rt = cfg.train, cfg.runtime
+        self.sup = Supervisor(run_dir, rt.on_worker_failure)
+        self.fault = fault or Fault.from_env()
+        self.devices = list(cfg.devices.drafters)
+        self.n = len(self.devices)
+        self.layer_ids = cfg.layer_ids
+        self.attention = [resolve_attention(rt.attention, d) for d in self.devices]
+        apply_thread_settings(rt)
+        self.target = build_target(cfg)
+        self.target_device = cfg.devices.target[0]
+        if rt.compile_strategy == "naive":
+            # the seed's way: the coordinator runs eager flex_attention while workers compile
+            self.target.attend = flex_attend
+            self.target.causal_mask = causal_block_mask(tr.seq_len, self.target_device)
+        self.data = MarkovData(cfg.data, cfg.target.vocab_size, tr.seq_len, cfg.drafter.block_size,
+                               tr.num_anchors, tr.seed)
+        torch.manual_seed(tr.seed)
+        base = build_drafter(self.target, cfg.drafter, len(self.layer_ids), "cpu")
+        self.replicas: list[Drafter] = [copy.deepcopy(base).to(d) for d in self.devices]
+        self.opts = [torch.optim.AdamW(r.parameters(), lr=tr.lr, betas=(0.9, 0.95), weight_decay=tr.weight_decay)
+                     for r in self.replicas]
+        self.weights = {d: position_weights(cfg.drafter.block_size, cfg.gamma, d) for d in set(self.devices)}
+        self.step_fns = {d: build_step_fn(rt, d) for d in set(self.devices)}
+        self.queues: list[queue.Queue[Work | None]] = [queue.Queue(maxsize=tr.queue_depth) for _ in self.devices]
+        self.allreduce = AllReduce(list(range(self.n)))
+        self.counter = CompileCounter()
+        self.progress = Progress()
+        self.heartbeat = Heartbeat(run_dir, list(cfg.devices.target) + self.devices, rt.compile_strategy)
+        self.start_step = 0
+        self._phase = "starting"
+        self._last_report: tuple[float, int] | None = None
+        self._t_start = time.monotonic()
+
+    # ---- setup -------------------------------------------------------------------------------------------
+    def _restore(self) -> None:
+        state = checkpoint.load_latest(self.run_dir)
+        if state is None:
+            emit("resume: no checkpoint found, starting from step 0")
+            return
+        for replica, opt in zip(self.replicas, self.opts, strict=True):
+            replica.load_state_dict(state["drafter"])
+            # a copy per replica: load_state_dict keeps CPU tensors as they are, and optimizers sharing
+            # exp_avg tensors would apply every update N times
+            opt.load_state_dict(copy.deepcopy(state["optimizer"]))
+        self.start_step = self.progress.step = int(state["step"])
+        emit(f"resume: continuing from checkpoint step={self.start_step}")
+
+    def _warmup(self) -> float:
+        """Build and run every compiled function once per device (forward + backward) on this one thread."""
+        t0 = time.perf_counter()
+        batch = self.data.batch(self.start_step, self.cfg.train.batch_size)
+        hidden = self.target.hidden_states(batch.ids.to(self.target_device), self.layer_ids)
+        for rank, replica in enumerate(self.replicas):
+            if self.sup.stop.is_set():
+                break
+            loss, _, _ = self._forward(rank, Work(-1, batch.ids, batch.anchors, hidden))
+            loss.backward()
+            replica.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    # ---- worker bodies -----------------------------------------------------------------------------------
+    def _forward(self, rank: int, item: Work) -> tuple[Tensor, Tensor, Tensor]:
+        dev, bs = self.devices[rank], self.cfg.drafter.block_size
+        ids, anchors = item.ids.to(dev), item.anchors.to(dev)
+        hidden = item.hidden.to(dev)
+        block_ids, block_pos, labels = block_inputs(ids, anchors, bs, self.target.mask_token_id)
+        use_flex = self.attention[rank] == "flex"
+        mask = (flex_block_mask if use_flex else dense_mask)(anchors, ids.shape[1], bs)
+        return self.step_fns[dev](self.replicas[rank], block_ids, block_pos, hidden, mask, labels,
+                                  self.weights[dev], use_flex)
+
+    def _put(self, rank: int, item: Work | None) -> None:
+        name = f"drafter-{rank}"
+        while True:
+            try:
+                self.queues[rank].put(item, timeout=0.2)
+                return
+            except queue.Full:
+                if self.sup.abort.is_set():
+                    raise Aborted() from None
+                if self.sup.threads[name].state in (CRASHED, FINISHED):
+                    return  # nobody will consume it
+
+    def _get(self, rank: int) -> Work | None:
+        while True:
+            try:
+                return self.queues[rank].get(timeout=0.2)
+            except queue.Empty:
+                if self.sup.abort.is_set():
+                    raise Aborted() from None
+
+    def _coordinator(self) -> None:
+        apply_thread_settings(self.cfg.runtime)
+        tr, bs = self.cfg.train, self.cfg.train.batch_size
+        self.sup.set_state("coordinator", RUNNING)
+        info = self.sup.threads["coordinator"]
+        try:
+            for step in range(self.start_step, tr.steps):
+                if self.sup.stop.is_set():
+                    break
+                self.fault.check("coordinator", step, self.sup.stop)
+                batch = self.data.batch(step, self.n * bs)
+                hidden = self.target.hidden_states(batch.ids.to(self.target_device), self.layer_ids)
+                if hidden.is_cuda:
+                    torch.cuda.current_stream(hidden.device).synchronize()  # consumers run on other threads
+                for rank in range(self.n):
+                    sl = slice(rank * bs, (rank + 1) * bs)
+                    self._put(rank, Work(step, batch.ids[sl], batch.anchors[sl], hidden[sl]))
+                info.step = step + 1
+            for rank in range(self.n):
+                self._put(rank, None)
+        except Aborted:
+            pass
+        self.sup.set_state("coordinator", FINISHED)
+
+    def _drafter(self, rank: int) -> None:
+        name = f"drafter-{rank}"
+        apply_thread_settings(self.cfg.runtime)
+        info = self.sup.threads[name]
+        self.sup.set_state(name, RUNNING)
+        try:
+            while True:
+                item = self._get(rank)
+                if item is None:
+                    break
+                self.fault.check(name, item.step, self.sup.stop)
+                stop = self._train_step(rank, item)
+                info.step = item.step + 1
+                if stop:
+                    break
+        except Aborted:
+            pass
+        finally:
+            self.allreduce.leave(rank)
+        self.sup.set_state(name, FINISHED)
+
+    def _train_step(self, rank: int, item: Work) -> bool:
+        """Forward, backward, all-reduce, clip, step. Returns True when the group agreed to stop (SIGTERM)."""
+        replica, opt, dev = self.replicas[rank], self.opts[rank], self.devices[rank]
+        params = [p for p in replica.parameters() if p.requires_grad]
+        for p in params:
+            p.grad = None
+        loss, acc, acc_len = self._forward(rank, item)
+        loss.backward()
+        stop_flag = torch.tensor(float(self.sup.stop.is_set()), device=dev)
+        stats = torch.stack([loss.detach().float(), acc.float(), acc_len.float(), stop_flag])
+        flat = torch.cat([p.grad.reshape(-1) for p in params] + [stats])
+        avg, group = self.allreduce.mean(rank, flat, self.sup.abort)
+        avg = avg.to(dev)
+        off = 0
+        for p in params:
+            p.grad.copy_(avg[off:off + p.numel()].view_as(p))
+            off += p.numel()
+        torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
+        lr = lr_at(item.step, self.cfg.train)
+        for param_group in opt.param_groups:
+            param_group["lr"] = lr
+        opt.step()
+        loss_v, acc_v, acc_len_v, stop_v = avg[off:].tolist()
+        if rank == group[0]:
+            self._report(rank, len(group), item.step, loss_v, acc_v, acc_len_v, lr)
+        return stop_v > 0
+
+    def _report(self, rank: int, n_ranks: int, step: int, loss: float, acc: float, acc_len: float, lr: float) -> None:
+        """Leader only: the log line every interval, progress for the heartbeat, periodic checkpoints."""
+        tr = self.cfg.train
+        done = step + 1
+        now = time.perf_counter()
+        t_prev, s_prev = self._last_report or (now, step)
+        tokens = (done - s_prev) * n_ranks * tr.batch_size * tr.seq_len
+        tok_s = tokens / max(now - t_prev, 1e-9)
+        self.progress.step, self.progress.loss = done, loss
+        if done % tr.log_interval == 0 or done == tr.steps:
+            self.progress.tok_s = tok_s
+            emit(log_line(done, loss, tok_s, lr, acc, acc_len=acc_len, recompiles=self.counter.recompiles,
+                          elapsed_s=round(time.monotonic() - self._t_start, 3)))
+            self._last_report = (now, done)
+        if tr.checkpoint_interval and done % tr.checkpoint_interval == 0 and done < tr.steps:
+            self._save(rank, done)
+
+    def _save(self, rank: int, step: int) -> Path:
+        state = {"step": step, "drafter": self.replicas[rank].state_dict(), "optimizer": self.opts[rank].state_dict(),
+                 "config": self.cfg.to_dict()}
+        return checkpoint.save(self.run_dir, step, state, self.cfg.train.keep_checkpoints)
+
+    # ---- main thread -------------------------------------------------------------------------------------
+    def _beat(self) -> None:
+        try:
+            self.heartbeat.write(self.progress, self.sup.snapshot(), self.counter.recompiles, self._phase)
+        except OSError as e:
+            emit(f"heartbeat: write failed: {e}")
+
+    def run(self) -> int:
+        cfg, rt = self.cfg, self.cfg.runtime
+        self.sup.install()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        n_params = sum(p.numel() for p in self.replicas[0].parameters() if p.requires_grad)
+        emit(f"trainer starting pid={os.getpid()} steps={cfg.train.steps} drafters={self.n} "
+             f"devices={','.join(self.devices)} target={','.join(cfg.devices.target)} "
+             f"compile_strategy={rt.compile_strategy} attention={','.join(sorted(set(self.attention)))} "
+             f"target_layers={self.layer_ids} drafter_params={n_params} block_size={cfg.drafter.block_size}")
+        if self.resume:
+            self._restore()
+        self._phase = "warmup"
+        self._beat()
+        if rt.compile_strategy == "warmup" and self.start_step < cfg.train.steps:
+            secs = self._warmup()
+            emit(f"warmup done compile_s={secs:.1f} graphs={self.counter.frames()}")
+        self.counter.mark_warm()
+        self._phase = "training"
+        self._last_report = (time.perf_counter(), self.start_step)
+        threads = [threading.Thread(target=self._coordinator, name="coordinator", daemon=True)]
+        threads += [threading.Thread(target=self._drafter, args=(i,), name=f"drafter-{i}", daemon=True)
+                    for i in range(self.n)]
+        for t in threads:
+            self.sup.register(t.name)
+        if self.start_step < cfg.train.steps and not self.sup.stop.is_set():
+            for t in threads:
+                t.start()
+        try:
+            return self._supervise(threads)
+        finally:
+            if not self.sup.abort.is_set():  # on abort the process is about to exit; keep recording crashes
+                self.sup.uninstall()
+
+    def _supervise(self, threads: list[threading.Thread]) -> int:
+        last_beat, stop_seen = 0.0, None
+        while any(t.is_alive() for t in threads):
+            if self.sup.abort.is_set():
+                return self._abort()
+            now = time.monotonic()
+            if self.sup.stop.is_set():
+                stop_seen = stop_seen or now
+                if now - stop_seen > STOP_GRACE_S:
+                    self._phase = "stopped"
+                    self._beat()
+                    emit(f"stop: threads did not finish within {STOP_GRACE_S:.0f}s; exiting without checkpoint")
+                    return EXIT_SIGTERM
+            if now - last_beat >= self.cfg.runtime.heartbeat_interval_s:
+                self._beat()
+                last_beat = now
+            time.sleep(0.05)
+        if self.sup.abort.is_set():
+            return self._abort()
+        survivors = [int(n.split("-")[1]) for n, t in self.sup.threads.items()
+                     if n.startswith("drafter-") and t.state != CRASHED]
+        if not survivors:
+            return self._abort()
+        path = self._save(survivors[0], self.progress.step)
+        self._phase = "stopped" if self.sup.stop.is_set() else "finished"
+        self._beat()
+        crashed = [n for n, t in self.sup.threads.items() if t.state == CRASHED]
+        if self.sup.stop.is_set():
+            emit(f"training stopped by SIGTERM step={self.progress.step} checkpoint={path}")
+            return EXIT_SIGTERM
+        note = f" crashed_threads={','.join(crashed)}" if crashed else ""
+        emit(f"training finished steps={self.progress.step} recompiles={self.counter.recompiles}{note}")
+        return EXIT_OK
+
+    def _abort(self) -> int:
+        self._phase = "aborted"
+        self._beat()
+        emit(f"training aborted: {self.sup.first_error} (on_worker_failure={self.cfg.runtime.on_worker_failure})")
+        return EXIT_FAILED
