@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[trainer,dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[trainer,dev,hf]'
 	@touch $@
 
 # The real-sshd tests need OpenSSH's server. As root we install it when missing; otherwise those

@@ -61,6 +61,9 @@ class DataConfig:
     """Synthetic sequences (see docs/trainer.md): uniform prompt, then a fixed sparse Markov chain response."""
 
     kind: str = "markov"
+    """markov = synthetic chain (below); generated = a directory from `python -m trainer.data generate`."""
+    dir: str = ""
+    """The generated data directory (kind = "generated")."""
     prompt_len: int = 16
     branching: int = 2
     """Successors per token in the chain; the first has probability `top_prob`."""
@@ -96,6 +99,18 @@ class TrainConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Periodic acceptance-length evaluation (real speculative decoding) from the logging drafter thread."""
+
+    interval: int = 0
+    """Steps between evaluations (and at the last step); 0 = off."""
+    prompts: str = ""
+    """Prompt JSONL (prompt / messages / ids) or a generated data directory."""
+    num_prompts: int = 4
+    max_new_tokens: int = 32
+
+
+@dataclass
 class RuntimeConfig:
     compile_strategy: str = "warmup"
     attention: str = "auto"
@@ -117,6 +132,7 @@ class Config:
     devices: DevicesConfig = field(default_factory=DevicesConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     @property
     def gamma(self) -> float:
@@ -226,8 +242,21 @@ def validate(cfg: Config, name: str) -> None:
          "flex needs CUDA drafters (flex_attention has no backward on the CPU); use auto or sdpa")
     need(rt.on_worker_failure in FAILURE_POLICIES, "runtime.on_worker_failure", f"one of {FAILURE_POLICIES}")
     need(tr.schedule in SCHEDULES, "train.schedule", f"one of {SCHEDULES}")
-    need(da.kind == "markov", "data.kind", "only 'markov' is implemented")
-    need(t.path == "", "target.path", "HF checkpoints are not supported yet (issue 5); leave empty for the tiny model")
+    need(da.kind in ("markov", "generated"), "data.kind", "one of ('markov', 'generated')")
+    need(da.kind != "generated" or bool(da.dir), "data.dir", "needed when data.kind = 'generated'")
+    if t.path:  # an HF checkpoint: its config.json, not the TOML, fixes the dimensions (read without torch)
+        from trainer.hf_config import HFConfigError, target_dims
+
+        try:
+            for key, value in target_dims(t.path).items():
+                setattr(t, key, value)
+        except HFConfigError as e:
+            need(False, "target.path", str(e))
+    ev = cfg.eval
+    need(ev.interval >= 0, "eval.interval", "must be >= 0 (0 = off)")
+    need(ev.num_prompts >= 1, "eval.num_prompts", "must be >= 1")
+    need(ev.max_new_tokens >= 1, "eval.max_new_tokens", "must be >= 1")
+    need(not ev.interval or bool(ev.prompts), "eval.prompts", "needed when eval.interval > 0")
     for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
         need(getattr(t, key) > 0, f"target.{key}", "must be > 0")
     need(t.hidden_size % t.num_heads == 0, "target.num_heads", "must divide target.hidden_size")

@@ -49,3 +49,21 @@ class MarkovData:
         scores = torch.rand(n_seqs, hi - lo + 1, generator=gen)
         anchors = scores.topk(self.num_anchors, dim=1).indices.sort(dim=1).values + lo
         return Batch(step=step, ids=ids, anchors=anchors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m trainer.data generate --target DIR --prompts FILE.jsonl --out DIR` (see trainer/datagen.py)."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["generate"]:
+        print("usage: python -m trainer.data generate --target DIR --prompts FILE.jsonl --out DIR [...]",
+              file=sys.stderr)
+        return 2
+    from trainer.datagen import main as generate_main
+
+    return generate_main(argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -27,9 +27,12 @@ from trainer.compile import (
 )
 from trainer.config import Config, TrainConfig
 from trainer.data import MarkovData
+from trainer.datagen import GeneratedData
+from trainer.eval import PeriodicEval
+from trainer.hf import build_target
 from trainer.loss import block_inputs, position_weights
 from trainer.masks import causal_block_mask, dense_mask, flex_block_mask
-from trainer.model import Drafter, TinyTarget, build_drafter
+from trainer.model import Drafter, build_drafter
 from trainer.supervise import CRASHED, FINISHED, RUNNING, Fault, Supervisor
 from trainer.telemetry import Heartbeat, Progress, emit, log_line
 
@@ -97,12 +100,6 @@ class AllReduce:
             self._maybe_finish()
 
 
-def build_target(cfg: Config) -> TinyTarget:
-    """The one place a target is chosen: the tiny random model now; an HF checkpoint (issue 5) plugs in here
-    behind the same `model.TargetModel` interface."""
-    return TinyTarget(cfg.target).place(cfg.devices.target)
-
-
 def lr_at(step: int, tr: TrainConfig) -> float:
     """Linear warm-up, then cosine (or constant) from lr to min_lr over the run."""
     if step < tr.warmup_steps:
@@ -133,8 +130,12 @@ class Trainer:
             # the seed's way: the coordinator runs eager flex_attention while workers compile
             self.target.attend = flex_attend
             self.target.causal_mask = causal_block_mask(tr.seq_len, self.target_device)
-        self.data = MarkovData(cfg.data, cfg.target.vocab_size, tr.seq_len, cfg.drafter.block_size,
-                               tr.num_anchors, tr.seed)
+        if cfg.data.kind == "generated":
+            self.data = GeneratedData(cfg.data.dir, tr.seq_len, cfg.drafter.block_size, tr.num_anchors, tr.seed)
+        else:
+            self.data = MarkovData(cfg.data, cfg.target.vocab_size, tr.seq_len, cfg.drafter.block_size,
+                                   tr.num_anchors, tr.seed)
+        self.evals = PeriodicEval.from_config(cfg, self.target, self.layer_ids)
         torch.manual_seed(tr.seed)
         base = build_drafter(self.target, cfg.drafter, len(self.layer_ids), "cpu")
         self.replicas: list[Drafter] = [copy.deepcopy(base).to(d) for d in self.devices]
@@ -296,6 +297,8 @@ class Trainer:
             emit(log_line(done, loss, tok_s, lr, acc, acc_len=acc_len, recompiles=self.counter.recompiles,
                           elapsed_s=round(time.monotonic() - self._t_start, 3)))
             self._last_report = (now, done)
+        if self.evals and self.evals.due(done, tr.steps):
+            emit(f"eval step={done} {self.evals(self.replicas[rank]).summary()}")
         if tr.checkpoint_interval and done % tr.checkpoint_interval == 0 and done < tr.steps:
             self._save(rank, done)
 

@@ -1,0 +1,410 @@
+"""Target-generated training data: the target answers every prompt; the drafter learns to predict those answers.
+
+`python -m trainer.data generate --target DIR --prompts FILE.jsonl --out DIR` (also `python -m trainer.datagen`).
+Each JSONL line holds `prompt` (text), `messages` (chat turns; a trailing assistant turn is dropped, the target
+writes its own) or `ids` (token ids, for targets without a tokenizer). With a chat template the prompt is
+rendered through it; without one, `prompt` is tokenized as is and `messages` as `role: content` lines.
+
+Output: `meta.json` (settings + counts) and `shard-NNNNN.pt` files, each holding `shard_size` consecutive
+prompts: flat token ids (prompt + response), per-sample offsets and the prompt length — the prompt/response
+boundary, so training anchors come from responses only. A shard is written atomically when complete, so an
+interrupted run resumes at the first missing shard; sampling is seeded per shard, so resumed output is the same.
+`GeneratedData` reads a directory back as fixed-shape `Batch`es, a drop-in for `MarkovData`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from torch import Tensor
+
+from trainer.checkpoint import atomic_write_bytes
+from trainer.data import Batch
+
+FORMAT = 1
+
+
+class DataError(Exception):
+    """Bad prompt file, bad or mismatched data directory; the message names the file (and line)."""
+
+
+# ---- prompts -----------------------------------------------------------------------------------------------
+def load_prompts(path: str | Path) -> list[dict[str, Any]]:
+    """Parse and check a prompt file; every problem names `file:line`."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    records = []
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{no}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: invalid JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{where}: expected a JSON object")
+        if isinstance(rec.get("prompt"), str) and rec["prompt"]:
+            pass
+        elif isinstance(rec.get("messages"), list) and rec["messages"]:
+            for m in rec["messages"]:
+                if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                    raise DataError(f"{where}: each message needs string 'role' and 'content'")
+        elif isinstance(rec.get("ids"), list) and rec["ids"] and all(isinstance(i, int) for i in rec["ids"]):
+            pass
+        else:
+            raise DataError(f"{where}: needs a non-empty 'prompt' string, 'messages' list or 'ids' list")
+        records.append(rec)
+    if not records:
+        raise DataError(f"{path}: no prompts")
+    return records
+
+
+def encode_prompt(tokenizer: Any, rec: dict[str, Any]) -> list[int]:
+    """Token ids of one prompt, ready for the target to continue (chat template when the tokenizer has one)."""
+    if "ids" in rec and "prompt" not in rec and "messages" not in rec:
+        return [int(i) for i in rec["ids"]]
+    if tokenizer is None:
+        raise DataError("text prompts need a tokenizer (this target has none); give 'ids' instead")
+    messages = rec.get("messages") or [{"role": "user", "content": rec["prompt"]}]
+    while messages and messages[-1]["role"] == "assistant":
+        messages = messages[:-1]  # the target writes the answer itself
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if "prompt" in rec:
+        return list(tokenizer(rec["prompt"])["input_ids"])
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    return list(tokenizer(text)["input_ids"])
+
+
+# ---- progress ----------------------------------------------------------------------------------------------
+class ProgressBar:
+    """`generate  12/34 prompts [######----]  2.1 prompts/s  eta 0:07` — redrawn in place on a terminal, one
+    line per update otherwise (logs stay readable)."""
+
+    def __init__(self, total: int, done: int = 0, stream: TextIO | None = None, label: str = "generate") -> None:
+        self.total, self.done, self.start_done = total, done, done
+        self.stream = stream or sys.stderr
+        self.label, self.t0 = label, time.monotonic()
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def line(self) -> str:
+        width = 24
+        filled = int(width * self.done / max(1, self.total))
+        rate = (self.done - self.start_done) / max(time.monotonic() - self.t0, 1e-9)
+        left = (self.total - self.done) / rate if rate > 0 else math.inf
+        eta = "?" if math.isinf(left) else f"{int(left // 60)}:{int(left % 60):02d}"
+        return (f"{self.label} {self.done:>5}/{self.total} prompts [{'#' * filled}{'-' * (width - filled)}] "
+                f"{rate:5.2f} prompts/s eta {eta}")
+
+    def update(self, n: int) -> None:
+        self.done += n
+        self.stream.write(("\r" if self.tty else "") + self.line() + ("" if self.tty else "\n"))
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# ---- generation ---------------------------------------------------------------------------------------------
+@dataclass
+class GenSettings:
+    max_new_tokens: int = 256
+    sample: bool = False
+    temperature: float = 0.7
+    top_p: float = 0.95
+    seed: int = 0
+    shard_size: int = 64
+    batch_size: int = 8
+
+    def key(self) -> dict[str, Any]:
+        """What must match for a resumed run to continue the same data (batch size does not change it)."""
+        k = {"max_new_tokens": self.max_new_tokens, "sample": self.sample, "seed": self.seed,
+             "shard_size": self.shard_size}
+        if self.sample:
+            k |= {"temperature": self.temperature, "top_p": self.top_p}
+        return k
+
+
+def shard_path(out: Path, index: int) -> Path:
+    return out / f"shard-{index:05d}.pt"
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    return [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
+
+
+def cut_response(tokens: list[int], eos_ids: list[int], pad_id: int | None) -> tuple[list[int], bool]:
+    """Response up to and including its first end-of-sequence token; (tokens, ended_with_eos)."""
+    for i, t in enumerate(tokens):
+        if t in eos_ids:
+            return tokens[: i + 1], True
+    if pad_id is not None:
+        while tokens and tokens[-1] == pad_id and pad_id not in eos_ids:
+            tokens = tokens[:-1]
+    return tokens, False
+
+
+@torch.no_grad()
+def generate_batch(model: Any, prompts: list[list[int]], settings: GenSettings, eos_ids: list[int],
+                   pad_id: int) -> list[tuple[list[int], bool]]:
+    """Left-padded batch through `model.generate`; one (response, ended_with_eos) per prompt."""
+    width = max(len(p) for p in prompts)
+    dev = model.get_input_embeddings().weight.device
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    att = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.tensor(p)
+        att[row, width - len(p):] = 1
+    kwargs: dict[str, Any] = {"max_new_tokens": settings.max_new_tokens, "do_sample": settings.sample,
+                              "pad_token_id": pad_id, "eos_token_id": eos_ids or None}
+    if settings.sample:
+        kwargs |= {"temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}
+    else:
+        kwargs |= {"temperature": None, "top_p": None, "top_k": None}
+    out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), **kwargs)
+    return [cut_response(out[row, width:].tolist(), eos_ids, pad_id) for row in range(len(prompts))]
+
+
+def generate_dataset(target_path: str, prompts_path: str | Path, out: str | Path, settings: GenSettings,
+                     devices: list[str], limit: int = 0, stream: TextIO | None = None) -> dict[str, Any]:
+    """Generate (or resume) a data directory; returns its meta. Raises DataError on bad input."""
+    from trainer.config import TargetConfig
+    from trainer.hf import load_hf_target, load_tokenizer
+    from trainer.hf_config import HFConfigError
+
+    out = Path(out)
+    records = load_prompts(prompts_path)[: limit or None]
+    try:
+        target = load_hf_target(TargetConfig(path=target_path), devices)
+    except HFConfigError as e:
+        raise DataError(str(e)) from None
+    tokenizer = load_tokenizer(target_path)
+    model = target.model
+    eos_ids = _eos_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos_ids or [0])[0]
+    meta = {"format": FORMAT, "target": str(Path(target_path).resolve()), "prompts": str(Path(prompts_path).resolve()),
+            "num_prompts": len(records), "generation": settings.key(), "eos_token_ids": eos_ids, "pad_token_id": pad_id,
+            "mask_token_id": target.mask_token_id, "vocab_size": target.vocab_size,
+            "chat_template": bool(getattr(tokenizer, "chat_template", None))}
+    _check_resume(out, meta)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / "meta.json", json.dumps(meta, indent=1).encode())
+    n_shards = math.ceil(len(records) / settings.shard_size)
+    todo = [k for k in range(n_shards) if not shard_path(out, k).exists()]
+    done = sum(min(settings.shard_size, len(records) - k * settings.shard_size) for k in range(n_shards)
+               if k not in todo)
+    bar = ProgressBar(len(records), done, stream)
+    if done:
+        print(f"resume: {n_shards - len(todo)}/{n_shards} shards already in {out}", file=bar.stream, flush=True)
+    for k in todo:
+        lo, hi = k * settings.shard_size, min(len(records), (k + 1) * settings.shard_size)
+        torch.manual_seed(settings.seed * 1_000_003 + k)  # sampling depends on the shard only: resumable
+        prompts = [encode_prompt(tokenizer, r) for r in records[lo:hi]]
+        samples: list[tuple[list[int], list[int], bool]] = []
+        for b in range(0, len(prompts), settings.batch_size):
+            chunk = prompts[b:b + settings.batch_size]
+            for p, (resp, eos) in zip(chunk, generate_batch(model, chunk, settings, eos_ids, pad_id), strict=True):
+                samples.append((p, resp, eos))
+            bar.update(len(chunk))
+        _write_shard(shard_path(out, k), list(range(lo, hi)), samples)
+    bar.close()
+    meta["summary"] = summarize(out)
+    atomic_write_bytes(out / "meta.json", json.dumps(meta, indent=1).encode())
+    return meta
+
+
+def _check_resume(out: Path, meta: dict[str, Any]) -> None:
+    old_file = out / "meta.json"
+    if not old_file.exists():
+        if out.exists() and any(out.glob("shard-*.pt")):
+            raise DataError(f"{out}: has shards but no meta.json; use a new --out")
+        return
+    try:
+        old = json.loads(old_file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(f"{old_file}: cannot read ({e})") from None
+    for key in ("format", "target", "prompts", "num_prompts", "generation"):
+        if old.get(key) != meta[key]:
+            raise DataError(f"{out}: was generated with a different {key} ({old.get(key)!r} != {meta[key]!r}); "
+                            "use a new --out to start over")
+
+
+def _write_shard(path: Path, indices: list[int], samples: list[tuple[list[int], list[int], bool]]) -> None:
+    flat = [t for p, r, _ in samples for t in p + r]
+    lengths = [len(p) + len(r) for p, r, _ in samples]
+    state = {"indices": torch.tensor(indices, dtype=torch.long),
+             "prompt_lens": torch.tensor([len(p) for p, _, _ in samples], dtype=torch.long),
+             "lengths": torch.tensor(lengths, dtype=torch.long),
+             "eos": torch.tensor([e for _, _, e in samples], dtype=torch.bool),
+             "ids": torch.tensor(flat, dtype=torch.int32)}
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+# ---- reading back ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sample:
+    index: int
+    ids: Tensor  # [L] int32 (a view into its shard): prompt + response
+    prompt_len: int
+    eos: bool
+
+
+def read_samples(data_dir: str | Path) -> list[Sample]:
+    """Every stored sample, in prompt order."""
+    data_dir = Path(data_dir)
+    if not (data_dir / "meta.json").exists():
+        raise DataError(f"{data_dir}: not a generated data directory (no meta.json)")
+    samples = []
+    for path in sorted(data_dir.glob("shard-*.pt")):
+        try:
+            st = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # a torn or foreign file: say which
+            raise DataError(f"{path}: cannot load ({(str(e).strip().splitlines() or ['?'])[0]})") from None
+        ends = st["lengths"].cumsum(0).tolist()
+        starts = [0] + ends[:-1]
+        for j, (a, b) in enumerate(zip(starts, ends, strict=True)):
+            samples.append(Sample(int(st["indices"][j]), st["ids"][a:b], int(st["prompt_lens"][j]),
+                                  bool(st["eos"][j])))
+    return sorted(samples, key=lambda s: s.index)
+
+
+def read_meta(data_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(data_dir) / "meta.json").read_text())
+
+
+def summarize(data_dir: str | Path) -> dict[str, Any]:
+    samples = read_samples(data_dir)
+    resp = [len(s.ids) - s.prompt_len for s in samples]
+    return {"samples": len(samples), "response_tokens": sum(resp),
+            "mean_response_tokens": round(sum(resp) / max(1, len(resp)), 1),
+            "ended_with_eos": sum(s.eos for s in samples)}
+
+
+def window(length: int, prompt_len: int, seq_len: int) -> tuple[int, int]:
+    """(start, prompt_len inside the window) of the `seq_len` tokens used for training: as much response as fits,
+    with at least a quarter window of prompt before it when the prompt is that long."""
+    start = max(0, min(prompt_len - seq_len // 4, length - seq_len))
+    return start, prompt_len - start
+
+
+class GeneratedData:
+    """Batches from a generated directory, same shapes as `MarkovData.batch`: ids [N, seq_len], anchors [N, A]
+    drawn from response positions only (whole block inside the real tokens). A pure function of (seed, step)."""
+
+    def __init__(self, data_dir: str | Path, seq_len: int, block_size: int, num_anchors: int, seed: int) -> None:
+        self.seq_len, self.block_size, self.num_anchors, self.seed = seq_len, block_size, num_anchors, seed
+        meta = read_meta(data_dir)
+        self.pad_id = int(meta.get("pad_token_id") or 0)
+        self.rows: list[tuple[Tensor, int, int]] = []  # (ids in window, first anchor, last anchor)
+        for s in read_samples(data_dir):
+            start, p = window(len(s.ids), s.prompt_len, seq_len)
+            ids = s.ids[start:start + seq_len]
+            lo, hi = p, len(ids) - block_size
+            if hi >= lo:
+                self.rows.append((ids, lo, hi))
+        if not self.rows:
+            raise DataError(f"{data_dir}: no sample has a response of at least block_size={block_size} tokens")
+        self._perms: dict[int, Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _order(self, epoch: int) -> Tensor:
+        if epoch not in self._perms:
+            gen = torch.Generator().manual_seed(self.seed * 7919 + epoch)
+            self._perms = {epoch: torch.randperm(len(self.rows), generator=gen)}
+        return self._perms[epoch]
+
+    def batch(self, step: int, n_seqs: int) -> Batch:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        ids = torch.full((n_seqs, self.seq_len), self.pad_id, dtype=torch.long)
+        anchors = torch.empty((n_seqs, self.num_anchors), dtype=torch.long)
+        for j in range(n_seqs):
+            pos = step * n_seqs + j
+            row, lo, hi = self.rows[int(self._order(pos // len(self.rows))[pos % len(self.rows)])]
+            ids[j, : len(row)] = row
+            room = hi - lo + 1
+            if room >= self.num_anchors:
+                pick = torch.randperm(room, generator=gen)[: self.num_anchors]
+            else:  # short response: repeat anchors rather than reach into the prompt
+                pick = torch.randint(0, room, (self.num_anchors,), generator=gen)
+            anchors[j] = pick.sort().values + lo
+        return Batch(step=step, ids=ids, anchors=anchors)
+
+
+# ---- command line -----------------------------------------------------------------------------------------
+def _devices(text: str) -> list[str]:
+    if text == "auto":
+        n = torch.cuda.device_count()
+        return [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
+    return [d.strip() for d in text.split(",") if d.strip()]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainer.data generate",
+                                description="Generate training data: the target answers each prompt.")
+    p.add_argument("--target", required=True, help="local Hugging Face checkpoint directory (Qwen3 / Llama)")
+    p.add_argument("--prompts", required=True, help="JSONL: one {prompt|messages|ids} per line")
+    p.add_argument("--out", required=True, help="output directory (rerun the same command to resume)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shard-size", type=int, default=64, help="prompts per shard (the unit of resume)")
+    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call")
+    p.add_argument("--devices", default="auto", help="comma list, layer-wise split (auto = all GPUs, else cpu)")
+    p.add_argument("--limit", type=int, default=0, help="only the first N prompts (0 = all)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU intra-op threads (0 = torch default; 1 avoids oversubscription on shared hosts)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit 0 done, 2 bad arguments/input (one line on stderr)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["generate"]:
+        argv = argv[1:]
+    args = parse_args(argv)
+    for name in ("max_new_tokens", "shard_size", "batch_size"):
+        if getattr(args, name) < 1:
+            print(f"generate: error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
+            return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = GenSettings(args.max_new_tokens, args.sample, args.temperature, args.top_p, args.seed,
+                           args.shard_size, args.batch_size)
+    try:
+        meta = generate_dataset(args.target, args.prompts, args.out, settings, _devices(args.devices), args.limit)
+    except DataError as e:
+        print(f"generate: error: {e}", file=sys.stderr)
+        return 2
+    s = meta["summary"]
+    print(f"generated {s['samples']} samples in {args.out}: {s['response_tokens']} response tokens "
+          f"(mean {s['mean_response_tokens']}), {s['ended_with_eos']} ended with EOS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

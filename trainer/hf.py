@@ -1,0 +1,159 @@
+"""A local Hugging Face checkpoint (Qwen3 / Llama family) as the trainer's target.
+
+`HFTarget` implements the `TargetModel` protocol of trainer/model.py (embed, lm_head, hidden states at captured
+layers) and quacks like `TinyTarget` where the pipeline reaches inside (`cfg`, `embed_tokens`, `lm_head_proj`,
+`layer_devices`), so `build_drafter` gives a drafter with the target's hidden size and a frozen copy of its
+embedding and LM head. The model is split layer-wise over the target devices the way accelerate's device maps
+do (a pre-hook moves each layer's inputs to its device), without needing accelerate; captured layers are read
+wherever they land and gathered on the first device. bf16 when any target device is CUDA, fp32 on the CPU.
+Loading is local only: `local_files_only=True`, never a hub download.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from trainer.config import Config, TargetConfig
+from trainer.hf_config import target_dims
+
+
+def split_layers(num_layers: int, devices: list[str]) -> list[str]:
+    """Contiguous chunks, as even as possible: 36 layers over 5 GPUs -> 8,7,7,7,7 (same rule as TinyTarget)."""
+    return [devices[i * len(devices) // num_layers] for i in range(num_layers)]
+
+
+def default_dtype(devices: list[str]) -> torch.dtype:
+    return torch.bfloat16 if any(d.startswith("cuda") for d in devices) else torch.float32
+
+
+def _move(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, Tensor):
+        return obj if obj.device == device else obj.to(device)
+    if isinstance(obj, tuple):
+        return tuple(_move(o, device) for o in obj)
+    if isinstance(obj, list):
+        return [_move(o, device) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _move(v, device) for k, v in obj.items()}
+    return obj
+
+
+def _inputs_to(module: nn.Module, device: str) -> None:
+    """Pre-hook: every tensor argument (hidden states, rotary tables, masks) follows the module to `device`."""
+    dev = torch.device(device)
+
+    def hook(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return _move(args, dev), _move(kwargs, dev)
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def sync_target_config(tcfg: TargetConfig) -> TargetConfig:
+    """A copy of `tcfg` with the dimensions read from the checkpoint's config.json (they are the truth)."""
+    return dataclasses.replace(tcfg, **target_dims(tcfg.path))
+
+
+class HFTarget:
+    """Frozen HF causal LM behind the trainer's target interface."""
+
+    def __init__(self, model: nn.Module, tcfg: TargetConfig, devices: list[str]) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.cfg = tcfg
+        self.vocab_size, self.hidden_size = tcfg.vocab_size, tcfg.hidden_size
+        # the last embedding row: unused on checkpoints whose embedding is padded past the tokenizer (Qwen3,
+        # our tiny checkpoints); on Llama 3 it is a reserved special token that never occurs in data.
+        self.mask_token_id = tcfg.vocab_size - 1
+        self.embed_tokens: nn.Embedding = model.get_input_embeddings()
+        self.lm_head_proj: nn.Linear = model.get_output_embeddings()
+        self.devices = list(devices)
+        self.layer_devices: list[str] = ["cpu"] * tcfg.num_layers
+        # set by the pipeline's `naive` strategy on TinyTarget; HF attention ignores them
+        self.attend: Any = None
+        self.causal_mask: Any = None
+        self._place(self.devices)
+
+    @property
+    def decoder_layers(self) -> nn.ModuleList:
+        return self.model.model.layers
+
+    def _place(self, devices: list[str]) -> None:
+        """Embedding + rotary on the first device, layers in chunks, final norm + LM head on the last; logits
+        come back to the first device so `generate` sees one device."""
+        base = self.model.model
+        self.layer_devices = split_layers(len(self.decoder_layers), devices)
+        first, last = devices[0], devices[-1]
+        base.embed_tokens.to(first)
+        if hasattr(base, "rotary_emb"):
+            base.rotary_emb.to(first)
+        for layer, dev in zip(self.decoder_layers, self.layer_devices, strict=True):
+            layer.to(dev)
+        base.norm.to(last)
+        self.model.lm_head.to(last)
+        if len(set(devices)) > 1:
+            for layer, dev in zip(self.decoder_layers, self.layer_devices, strict=True):
+                _inputs_to(layer, dev)
+            _inputs_to(base.norm, last)
+            _inputs_to(self.model.lm_head, last)
+            first_dev = torch.device(first)
+            self.model.lm_head.register_forward_hook(lambda mod, args, out: _move(out, first_dev))
+
+    @property
+    def first_device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    # ---- TargetModel protocol ----------------------------------------------------------------------------
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.embed_tokens(ids.to(self.first_device))
+
+    def lm_head(self, hidden: Tensor) -> Tensor:
+        w = self.lm_head_proj.weight
+        return self.lm_head_proj(hidden.to(w.device, w.dtype)).to(hidden.device)
+
+    @torch.no_grad()
+    def hidden_states(self, ids: Tensor, layer_ids: list[int]) -> Tensor:
+        """[B, T] -> [B, T, len(layer_ids) * H]: outputs of those decoder layers, on `ids`' device."""
+        out = self.model.model(input_ids=ids.to(self.first_device), output_hidden_states=True, use_cache=False)
+        return self._gather(out.hidden_states, layer_ids, ids.device)
+
+    @torch.no_grad()
+    def forward_all(self, ids: Tensor, layer_ids: list[int]) -> tuple[Tensor, Tensor]:
+        """Logits [B, T, V] and captured features [B, T, n*H] from one full forward (for decoding)."""
+        out = self.model(input_ids=ids.to(self.first_device), output_hidden_states=True, use_cache=False)
+        return out.logits.to(ids.device), self._gather(out.hidden_states, layer_ids, ids.device)
+
+    @staticmethod
+    def _gather(hidden_states: tuple[Tensor, ...], layer_ids: list[int], device: torch.device) -> Tensor:
+        # hidden_states[0] is the embedding output, hidden_states[i + 1] the output of decoder layer i
+        return torch.cat([hidden_states[i + 1].to(device) for i in layer_ids], dim=-1)
+
+
+def load_hf_target(tcfg: TargetConfig, devices: list[str], dtype: torch.dtype | None = None) -> HFTarget:
+    """Load `tcfg.path` (local only), dimensions synced from its config.json, placed over `devices`."""
+    from transformers import AutoModelForCausalLM
+
+    synced = sync_target_config(tcfg)
+    dtype = dtype or default_dtype(devices)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(tcfg.path, dtype=dtype, local_files_only=True)
+    except TypeError:  # transformers < 4.56 names it torch_dtype
+        model = AutoModelForCausalLM.from_pretrained(tcfg.path, torch_dtype=dtype, local_files_only=True)
+    return HFTarget(model, synced, devices)
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def build_target(cfg: Config) -> Any:
+    """The target a config names: the HF checkpoint at `target.path`, else H1's tiny random model."""
+    if cfg.target.path:
+        return load_hf_target(cfg.target, list(cfg.devices.target))
+    from trainer.model import TinyTarget
+
+    return TinyTarget(cfg.target).place(list(cfg.devices.target))
