@@ -1,0 +1,375 @@
+"""Judging a run (DESIGN §5): process state + log events + heartbeat + GPU samples over a window → verdict.
+
+Pure: everything, including "now", comes in as arguments, so `diagnose` (files, no clock) and `status`
+(probe readings, the probe's clock) get the same answer from the same evidence. Per-GPU and per-thread
+failures are contained: one unreadable GPU is a row with no finding, not an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflashctl.analysis import signatures
+from dflashctl.analysis.logscan import LogReport, Traceback, scan
+from dflashctl.model import GpuFinding, GpuProcess, GpuSample, SignatureHit, ThreadState, Verdict
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What counts as idle, allocated, stalled. Defaults suit 80–141 GB training GPUs."""
+
+    idle_util_pct: float = 2.0  # ≤ this utilisation is "≈0 %"
+    allocated_mib: float = 1024.0  # ≥ this much memory used is "memory held"
+    idle_window_s: float = 60.0  # GPU findings look at samples this recent (all samples when times unknown)
+    stall_window_s: float = 300.0  # alive, no new step for this long → stalled
+    startup_grace_s: float = 1200.0  # alive, no first step after this long → stalled (compiling takes minutes)
+    hang_util_pct: float = 90.0  # NCCL hang shape: utilisation this high ...
+    hang_power_w: float = 150.0  # ... at a power draw this low (a spinning wait kernel, no math)
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    """What is known about the run's process. alive=None: unknown (offline diagnose of copied files)."""
+
+    alive: bool | None = None
+    exit_code: int | None = None
+    stopped: bool = False  # stopped by the user (`dflashctl stop`)
+    started_at: float | None = None
+
+
+@dataclass(frozen=True)
+class GpuSweep:
+    """All GPUs read at one moment."""
+
+    time: float | None
+    samples: tuple[GpuSample, ...]
+
+
+@dataclass
+class Evidence:
+    """Everything health looks at. Only `now` and `process` are required; the rest may be missing."""
+
+    now: float | None
+    process: ProcessState = field(default_factory=ProcessState)
+    log: LogReport | None = None
+    sweeps: Sequence[GpuSweep] = ()
+    errors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # <run>/errors/<thread>.json
+    heartbeat: Mapping[str, Any] | None = None
+    last_progress_time: float | None = None  # when a new step was last seen (status keeps track)
+    gpu_processes: Sequence[GpuProcess] = ()
+    live_pids: frozenset[int] | None = None  # host-side pids of the live run (orphaned-memory check)
+
+
+@dataclass
+class GpuStatus:
+    sample: GpuSample  # the latest reading
+    finding: GpuFinding | None  # None: not enough data (utilisation not available)
+    history: list[float | None] = field(default_factory=list)  # utilisation % over the window, oldest first
+
+    @property
+    def index(self) -> int:
+        return self.sample.index
+
+
+@dataclass
+class Health:
+    verdict: Verdict
+    reasons: list[str]
+    threads: list[ThreadState]
+    gpus: list[GpuStatus]
+    hits: list[SignatureHit]  # active signature hits, one per id (the first, with its evidence line)
+    final_exception: str | None
+    progress: dict[str, float]  # latest step, loss, tok/s, acc_len … (log, else heartbeat)
+    seconds_since_progress: float | None
+
+    @property
+    def exit_code(self) -> int:
+        return self.verdict.exit_code
+
+
+# -- GPUs ----------------------------------------------------------------------------------------------
+
+
+def _window(sweeps: Sequence[GpuSweep], now: float | None, t: Thresholds) -> list[GpuSweep]:
+    if not sweeps:
+        return []
+    if now is None or any(s.time is None for s in sweeps):
+        return list(sweeps)
+    recent = [s for s in sweeps if s.time is not None and s.time >= now - t.idle_window_s]
+    return recent or [sweeps[-1]]  # a single (old) sample counts when that is all there is
+
+
+def judge_gpus(
+    sweeps: Sequence[GpuSweep],
+    now: float | None,
+    *,
+    run_alive: bool | None,
+    thresholds: Thresholds = Thresholds(),
+    gpu_processes: Sequence[GpuProcess] = (),
+    live_pids: frozenset[int] | None = None,
+) -> list[GpuStatus]:
+    """One GpuStatus per GPU of the latest sweep, judged over the window."""
+    t = thresholds
+    window = _window(sweeps, now, t)
+    if not window:
+        return []
+    by_index: dict[int, list[GpuSample]] = {}
+    for sw in window:
+        for s in sw.samples:
+            by_index.setdefault(s.index, []).append(s)
+    foreign_uuids = {p.gpu_uuid for p in gpu_processes if live_pids is not None and p.pid not in live_pids}
+    out = []
+    for s in window[-1].samples:
+        hist = by_index.get(s.index, [s])
+        held = all(x.memory_used_mib is not None and x.memory_used_mib >= t.allocated_mib for x in hist)
+        utils = [x.utilization_pct for x in hist]
+        finding: GpuFinding | None
+        if held and (run_alive is False or (s.uuid is not None and s.uuid in foreign_uuids)):
+            finding = GpuFinding.ORPHANED
+        elif any(u is None for u in utils):
+            finding = None
+        elif all(u <= t.idle_util_pct for u in utils if u is not None):
+            finding = GpuFinding.IDLE_ALLOCATED if held else GpuFinding.IDLE
+        else:
+            finding = GpuFinding.BUSY
+        out.append(GpuStatus(s, finding, utils))
+    return out
+
+
+def _nccl_hang_shape(gpus: list[GpuStatus], sweeps: Sequence[GpuSweep], t: Thresholds) -> bool:
+    """Every GPU that holds memory busy at low power for the whole window: a wait kernel spinning."""
+    held = [g for g in gpus if g.sample.memory_used_mib is not None and g.sample.memory_used_mib >= t.allocated_mib]
+    if not held:
+        return False
+    for g in held:
+        samples = [s for sw in sweeps for s in sw.samples if s.index == g.index]
+        if not samples or any(s.utilization_pct is None or s.power_w is None for s in samples):
+            return False
+        if not all(s.utilization_pct >= t.hang_util_pct and s.power_w <= t.hang_power_w for s in samples):
+            return False
+    return True
+
+
+# -- threads -------------------------------------------------------------------------------------------
+
+
+def _threads(log: LogReport | None, errors: Mapping[str, Mapping[str, Any]],
+             heartbeat: Mapping[str, Any] | None) -> tuple[list[ThreadState], list[SignatureHit]]:
+    """Heartbeat states, then log tracebacks, then error files (the most exact source) on top."""
+    threads: dict[str, ThreadState] = {}
+    extra_hits: list[SignatureHit] = []
+    for row in (heartbeat or {}).get("threads") or []:
+        if isinstance(row, Mapping) and isinstance(row.get("name"), str):
+            state = row.get("state")
+            threads[row["name"]] = ThreadState(
+                row["name"], state="crashed" if state == "crashed" else "finished" if state == "finished" else "running"
+            )
+    if log is not None:
+        for name, ts in log.threads.items():
+            threads[name] = ThreadState(ts.name, ts.state, ts.exception, ts.message, ts.traceback)
+    for name, doc in errors.items():
+        if not isinstance(doc, Mapping):
+            continue
+        name = str(doc.get("thread") or name)
+        text = doc.get("traceback") if isinstance(doc.get("traceback"), str) else None
+        threads[name] = ThreadState(name, "crashed", str(doc.get("type") or "") or None,
+                                    str(doc.get("message") or "") or None, text)
+        if text:
+            for tb in scan(text.encode()).tracebacks:
+                tb.thread = name
+                extra_hits += _traceback_hits(tb)
+    return sorted(threads.values(), key=lambda x: x.name), extra_hits
+
+
+def _traceback_hits(tb: Traceback) -> list[SignatureHit]:
+    hits = list(tb.hits)
+    if not hits and tb.thread is not None:  # error files have no header: apply the worker-thread frame rule
+        for rule in signatures.match_frames(tb.frames):
+            hits.append(SignatureHit(rule.signature, tb.last_line, tb.exc_line))
+    return hits
+
+
+# -- signatures ------------------------------------------------------------------------------------------
+
+
+def active_hits(log: LogReport | None, extra: Sequence[SignatureHit] = ()) -> list[SignatureHit]:
+    """Hits that still matter: in a crashed thread's traceback; or not followed by later progress (a
+    retried-and-recovered error is history, not a diagnosis) unless the signature is sticky."""
+    out: dict[str, SignatureHit] = {}
+    if log is not None:
+        in_thread = {(h.signature.id, h.line) for tb in log.tracebacks if tb.thread is not None for h in tb.hits}
+        last = log.last_progress
+        for h in log.hits:
+            rule = signatures.BY_ID[h.signature.id]
+            recovered = last is not None and last.line > h.line
+            if rule.progress_loss and (h.signature.id, h.line) not in in_thread:
+                # a NaN loss is history once a finite loss came after it; the evidence is the latest NaN
+                recovered = log.last_finite_loss_line is not None and log.last_finite_loss_line > h.line
+                if not recovered:
+                    out[h.signature.id] = h
+                continue
+            if (h.signature.id, h.line) in in_thread or rule.sticky or not recovered:
+                out.setdefault(h.signature.id, h)
+    for h in extra:
+        out.setdefault(h.signature.id, h)
+    order = {r.signature.id: i for i, r in enumerate(signatures.RULES)}
+    return sorted(out.values(), key=lambda h: (h.line, order[h.signature.id]))
+
+
+# -- the verdict -------------------------------------------------------------------------------------------
+
+
+def _final_main_traceback(log: LogReport | None) -> Traceback | None:
+    """The main thread's uncaught exception that ended the log (no progress after it)."""
+    if log is None or not log.tracebacks:
+        return None
+    tb = log.tracebacks[-1]
+    if tb.thread is not None or tb.ignored or tb.exc_type is None:
+        return None
+    last = log.last_progress
+    if last is not None and last.line > tb.last_line:
+        return None
+    return tb
+
+
+def _progress(log: LogReport | None, heartbeat: Mapping[str, Any] | None) -> dict[str, float]:
+    if log is not None and log.last_progress is not None:
+        return dict(log.last_progress.values)
+    hb = heartbeat or {}
+    out: dict[str, float] = {}
+    for src, dst in (("step", "step"), ("loss", "loss"), ("tok_s", "tok/s")):
+        v = hb.get(src)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[dst] = float(v)
+    return out if out.get("step") else {}
+
+
+def judge(ev: Evidence, thresholds: Thresholds = Thresholds()) -> Health:
+    """The run's verdict, with the reasons, threads, GPU findings and active signatures behind it."""
+    t = thresholds
+    proc = ev.process
+    threads, extra_hits = _threads(ev.log, ev.errors, ev.heartbeat)
+    crashed = [x for x in threads if x.state == "crashed"]
+    gpus = judge_gpus(ev.sweeps, ev.now, run_alive=proc.alive, thresholds=t,
+                      gpu_processes=ev.gpu_processes, live_pids=ev.live_pids)
+    hits = active_hits(ev.log, extra_hits)
+    final_tb = _final_main_traceback(ev.log)
+    final_exception = ev.log.final_exception if ev.log is not None else None
+    if final_exception is None and crashed:
+        final_exception = next((x.exception for x in reversed(crashed) if x.exception), None)
+    progress = _progress(ev.log, ev.heartbeat)
+    since = None
+    if ev.now is not None and ev.last_progress_time is not None:
+        since = max(0.0, ev.now - ev.last_progress_time)
+    reasons: list[str] = []
+    crashed_names = ", ".join(x.name for x in crashed)
+
+    if proc.stopped:
+        verdict = Verdict.STOPPED
+        reasons.append("stopped by the user")
+    elif proc.alive is False:
+        if proc.exit_code == 0:
+            verdict = Verdict.FINISHED
+            reasons.append("exited 0")
+        elif proc.exit_code is not None:
+            verdict = Verdict.CRASHED
+            reasons.append(f"exited with code {proc.exit_code}" + (f"; crashed threads: {crashed_names}"
+                                                                    if crashed else ""))
+        elif final_tb is not None:
+            verdict = Verdict.CRASHED
+            reasons.append(f"process gone after an uncaught {final_tb.exc_type}")
+        elif crashed:
+            verdict = Verdict.CRASHED
+            reasons.append(f"process gone (no exit code) after thread(s) crashed: {crashed_names}")
+        else:
+            verdict = Verdict.LOST
+            reasons.append("no process and no exit code (killed, or the host rebooted)")
+    elif proc.alive is None and final_tb is not None:
+        verdict = Verdict.CRASHED
+        reasons.append(f"the log ends in an uncaught {final_tb.exc_type} (main thread)")
+    elif proc.alive is None and ev.log is not None and ev.log.end is not None:  # offline: the trainer's last line
+        how, line = ev.log.end
+        verdict = {"finished": Verdict.FINISHED, "aborted": Verdict.CRASHED, "stopped": Verdict.STOPPED}[how]
+        reasons.append(f"the trainer reported `training {how}` (line {line})"
+                       + (f"; crashed threads: {crashed_names}" if crashed else ""))
+    elif crashed:
+        verdict = Verdict.DEGRADED
+        reasons.append(f"worker thread(s) crashed: {crashed_names}; "
+                       + ("process alive" if proc.alive else "process state unknown (offline)"))
+    else:
+        verdict, why = _liveness(ev, gpus, progress, since, t)
+        reasons += why
+
+    idle_alloc = [g.index for g in gpus if g.finding == GpuFinding.IDLE_ALLOCATED]
+    if idle_alloc and verdict not in (Verdict.STALLED,):
+        reasons.append(f"GPU(s) {_ranges(idle_alloc)} hold memory at ≈0 % utilisation")
+    orphaned = [g.index for g in gpus if g.finding == GpuFinding.ORPHANED]
+    if orphaned:
+        reasons.append(f"GPU(s) {_ranges(orphaned)} hold memory that belongs to no live run")
+    return Health(verdict, reasons, threads, gpus, hits, final_exception, progress, since)
+
+
+def _liveness(ev: Evidence, gpus: list[GpuStatus], progress: dict[str, float], since: float | None,
+              t: Thresholds) -> tuple[Verdict, list[str]]:
+    """Alive (or unknown) with no crashed thread: training, starting, or stalled."""
+    held = [g for g in gpus if g.sample.memory_used_mib is not None and g.sample.memory_used_mib >= t.allocated_mib]
+    all_idle_alloc = bool(held) and all(g.finding == GpuFinding.IDLE_ALLOCATED for g in held)
+    window = _window(ev.sweeps, ev.now, t)
+    no_recent_progress = since is None or since >= t.idle_window_s
+    if since is not None and since >= t.stall_window_s and progress:
+        return Verdict.STALLED, [f"no new step for {since:.0f} s (stall window {t.stall_window_s:.0f} s)"]
+    if (not progress and ev.process.started_at is not None and ev.now is not None
+            and ev.now - ev.process.started_at >= t.startup_grace_s):
+        return Verdict.STALLED, [f"no first step {ev.now - ev.process.started_at:.0f} s after start"]
+    # Compiling and loading also hold memory at 0 %: before the first step that is "starting" until the grace.
+    if all_idle_alloc and no_recent_progress and (progress or ev.process.started_at is None):
+        return Verdict.STALLED, [f"every GPU holding memory is at ≈0 % ({_ranges([g.index for g in held])})"
+                                 + ("" if since is None else f", no new step for {since:.0f} s")]
+    if (since is None or since >= t.stall_window_s) and _nccl_hang_shape(gpus, window, t):
+        return Verdict.STALLED, ["GPUs busy at low power with no progress: the shape of an NCCL/collective hang"]
+    if progress:
+        return Verdict.TRAINING, [f"step {progress.get('step', 0):.0f}"]
+    return Verdict.STARTING, ["no training step yet"]
+
+
+def _ranges(indices: Sequence[int]) -> str:
+    """[0,1,2,3,5] → '0-3,5'."""
+    xs = sorted(set(indices))
+    parts = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+# -- the record (--json and the table are both built from this) -------------------------------------------
+
+
+def to_record(h: Health) -> dict[str, Any]:
+    """The `diagnose --json` contract (issue 4); `status --json` adds run and host fields around it."""
+    return {
+        "verdict": str(h.verdict),
+        "final_exception": h.final_exception,
+        "threads": [
+            {"name": t.name, "state": t.state, "exception": t.exception, "message": t.message,
+             "traceback": t.traceback}
+            for t in h.threads
+        ],
+        "signatures": [
+            {"id": x.signature.id, "summary": x.signature.summary, "remedy": x.signature.remedy,
+             "evidence": {"line": x.line, "text": x.text}}
+            for x in h.hits
+        ],
+        "gpus": [
+            {"index": int(g.sample.index), "memory_used_mib": g.sample.memory_used_mib,
+             "memory_total_mib": g.sample.memory_total_mib, "utilization_pct": g.sample.utilization_pct,
+             "finding": str(g.finding) if g.finding is not None else None}
+            for g in h.gpus
+        ],
+    }

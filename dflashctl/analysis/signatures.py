@@ -1,0 +1,335 @@
+"""Known failures: a stable id (JSON contract, DESIGN §5), how to recognise it, what to do about it.
+
+One table drives three things: the log scanner's per-line matching (`LINE_RULES`), the judgement of
+finished tracebacks (`match_traceback`: exception type and frames), and `docs/failures.md`
+(`python -m dflashctl.analysis.signatures --markdown`; a test keeps the file in sync).
+
+Rules are deliberately specific: healthy logs say `error_rate=`, `NaN check passed` and `retrying`
+all the time, and a false alarm trains people to ignore the tool.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+
+from dflashctl.model import Signature
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one signature is recognised.
+
+    lines: regexes searched in every log line (ANSI stripped). exc_types: exception types (the last
+    dotted component is compared, so `torch.OutOfMemoryError` and `torch.cuda.OutOfMemoryError` both
+    match `OutOfMemoryError`). frames: substrings of a traceback's `File "…"` paths, used only for
+    tracebacks of crashed worker threads. sticky: still worth reporting after training made progress
+    past it (a warning that costs speed, not a crash).
+
+    Every line pattern must contain one of ANCHORS literally: the scanner looks only at lines holding an
+    anchor (or inside a traceback), which is what lets it read gigabytes at near-grep speed. Anchors start
+    with an upper-case letter or `_`, so the regex engine skips ordinary lower-case text cheaply.
+    """
+
+    signature: Signature
+    lines: tuple[str, ...] = ()
+    exc_types: tuple[str, ...] = ()
+    frames: tuple[str, ...] = ()
+    sticky: bool = False
+    progress_loss: bool = False  # also: a progress line whose loss is NaN/inf (found by the scanner)
+    examples: tuple[str, ...] = field(default=(), compare=False)  # real lines it must match (tested)
+
+
+def _sig(id_: str, summary: str, remedy: str) -> Signature:
+    return Signature(id=id_, summary=summary, remedy=remedy)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        _sig(
+            "compile-thread-race",
+            "torch.compile raced between threads: dynamo/FX tracing state is process-global and not thread safe.",
+            'Set `compile_strategy = "warmup"` under `[runtime]` in the trainer config (the default; or launch '
+            "with `--set runtime.compile_strategy=warmup`). It compiles and warms every "
+            "compiled function on one thread per device before the drafter threads start, uses fixed shapes, "
+            "applies dynamo/inductor settings inside each thread, never calls eager flex_attention while workers "
+            "run compiled code, and counts recompiles after warm-up. `naive` (compile on first call in each "
+            "thread) reproduces this crash; locks around the first call do not fix it.",
+        ),
+        lines=(
+            r"Detected that you are using FX to symbolically trace a dynamo-optimized function",
+            r"_is_fx_tracing_flag",
+        ),
+        frames=("torch/_dynamo/", "torch/_inductor/", "torch/fx/"),
+        examples=(
+            "RuntimeError: Detected that you are using FX to symbolically trace a dynamo-optimized function. "
+            "This is not supported at the moment.",
+        ),
+    ),
+    Rule(
+        _sig(
+            "cuda-oom",
+            "A GPU ran out of memory.",
+            "Lower the batch or sequence length, or move the drafter/target to GPUs with free memory; "
+            "check `dflashctl kill-zombies` first: a process of an earlier run may still hold the memory. "
+            "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` helps with fragmentation.",
+        ),
+        lines=(r"CUDA out of memory", r"CUBLAS_STATUS_ALLOC_FAILED", r"cudaErrorMemoryAllocation"),
+        exc_types=("OutOfMemoryError",),
+        examples=("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 5 has a total "
+                  "capacity of 79.11 GiB of which 1.06 GiB is free.",),
+    ),
+    Rule(
+        _sig(
+            "host-oom",
+            "The host (container) ran out of RAM.",
+            "Reduce data-loader workers, prefetch depth or pinned-memory buffers, or raise the container's "
+            "memory limit (`pct set CTID -memory MB`); `dmesg` on the Proxmox host names the OOM-killed process.",
+        ),
+        lines=(r"DefaultCPUAllocator: can't allocate memory", r"Out of memory: Killed process",
+               r"Cannot allocate memory \(errno 12\)"),
+        exc_types=("MemoryError",),
+        examples=("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
+                  "memory: you tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)",),
+    ),
+    Rule(
+        _sig(
+            "nccl-timeout",
+            "A collective operation timed out (one rank hung or died; the others waited).",
+            "Find the rank that stopped first (its log ends earliest); set `TORCH_NCCL_ASYNC_ERROR_HANDLING=1` "
+            "so hangs fail fast, and `NCCL_DEBUG=INFO` to see which collective hung.",
+        ),
+        lines=(r"Watchdog caught collective operation timeout", r"NCCL\b.{0,80}\b(?i:time[d ]?out)\b(?! set)",
+               r"ProcessGroupNCCL.{0,120}Timeout\(ms\)="),
+        examples=("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, "
+                  "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600005 milliseconds before timing out.",),
+    ),
+    Rule(
+        _sig(
+            "nccl-error",
+            "NCCL reported an error (transport, peer access or a CUDA failure inside NCCL).",
+            "Run with `NCCL_DEBUG=INFO`; check `nvidia-smi topo -m` and that every GPU of the run is visible "
+            "in the container; a crashed peer often shows up here first.",
+        ),
+        lines=(r"\bNCCL error\b", r"\bnccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError)\b"),
+        exc_types=("DistBackendError", "NcclError"),
+        examples=("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+                  "NCCLUtils.hpp:275, unhandled cuda error, NCCL version 2.21.5",),
+    ),
+    Rule(
+        _sig(
+            "cuda-illegal-access",
+            "A kernel accessed memory it must not (illegal address, device-side assert, misaligned address).",
+            "Rerun with `CUDA_LAUNCH_BLOCKING=1` to find the kernel; device-side asserts usually mean an index "
+            "out of range (token ids ≥ vocab size, a bad mask); the CUDA context is unusable until restart.",
+        ),
+        lines=(r"CUDA error: an illegal memory access was encountered", r"CUDA error: device-side assert triggered",
+               r"CUDA error: misaligned address", r"CUDA error: an illegal instruction was encountered",
+               r"cudaErrorIllegalAddress"),
+        examples=("RuntimeError: CUDA error: an illegal memory access was encountered",),
+    ),
+    Rule(
+        _sig(
+            "gpu-hardware",
+            "The GPU or driver reported a hardware fault (Xid, ECC, fallen off the bus).",
+            "Check `dmesg | grep -i xid` and `nvidia-smi -q -d ECC` on the Proxmox host; drain that GPU "
+            "(leave it out of gpus_target/gpus_drafters) and reset it or the node before reuse.",
+        ),
+        lines=(r"NVRM: Xid", r"\bXid \(PCI:", r"(?i:uncorrectable) ECC (?i:error)", r"GPU has fallen off the bus",
+               r"GPU is lost", r"cudaErrorECCUncorrectable"),
+        sticky=True,
+        examples=("NVRM: Xid (PCI:0000:41:00): 79, pid=91451, GPU has fallen off the bus.",),
+    ),
+    Rule(
+        _sig(
+            "recompile-limit",
+            "torch.compile hit its recompile limit and fell back to eager for that function (slow).",
+            "Something changes shape or a guarded value every step: fix shapes (pad to fixed lengths), mark "
+            "dynamic dims explicitly, and look at `TORCH_LOGS=recompiles`; the trainer reports recompiles "
+            "after warm-up in its heartbeat.",
+        ),
+        lines=(r"hit config\.(?:recompile_limit|cache_size_limit|accumulated_recompile_limit)",
+               r"cache_size_limit reached"),
+        exc_types=("RecompileLimitExceeded", "FailOnRecompileLimitHit"),
+        sticky=True,
+        examples=("W1129 09:51:13.201000 91451 torch/_dynamo/convert_frame.py:964] torch._dynamo hit "
+                  "config.recompile_limit (8)",),
+    ),
+    Rule(
+        _sig(
+            "nan-loss",
+            "The loss became NaN or infinite.",
+            "Lower the learning rate or add warm-up, check for fp16 overflow (use bf16), clip gradients, and "
+            "look for empty/invalid batches; resume from the last checkpoint before the NaN.",
+        ),
+        lines=(r"(?i:\bloss (?:is|became|went)) (?:NaN|NAN)",),
+        progress_loss=True,
+        examples=("step=1201 loss=nan tok/s=1833.0 lr=3.00e-04 acc=0.000", "Loss is NaN at step 1201, stopping"),
+    ),
+    Rule(
+        _sig(
+            "disk-full",
+            "A write failed: no space left on the device (or quota exceeded).",
+            "Free space in the workspace (old runs' checkpoints, rotated logs, ~/.cache/torch/inductor); "
+            "`df -h <workspace>` inside the container; keep fewer checkpoints.",
+        ),
+        lines=(r"No space left on device", r"\bENOSPC\b", r"Disk quota exceeded"),
+        examples=("OSError: [Errno 28] No space left on device",),
+    ),
+    Rule(
+        _sig(
+            "import-error",
+            "A Python module could not be imported (missing package or broken install).",
+            "Install the missing package into the container's Python (the one in hosts.toml `python`), or "
+            "redeploy with `dflashctl deploy`; check that the trainer's extras (torch) match.",
+        ),
+        lines=(r"^(?:ModuleNotFoundError|ImportError): ",),
+        exc_types=("ModuleNotFoundError", "ImportError"),
+        examples=("ModuleNotFoundError: No module named 'flash_attn'",),
+    ),
+    Rule(
+        _sig(
+            "cuda-graph-capture",
+            "A CUDA graph capture failed (a forbidden call during capture, or a capture from another thread).",
+            "Capture per thread with `capture_error_mode=\"thread_local\"` (the trainer's default), warm up "
+            "before capture, and keep synchronising calls (.item(), prints of tensors) out of captured code.",
+        ),
+        lines=(r"CUDA error: operation not permitted when stream is capturing", r"cudaErrorStreamCapture\w+",
+               r"CUDA [Gg]raph capture (?i:failed|error)"),
+        examples=("RuntimeError: CUDA error: operation not permitted when stream is capturing",),
+    ),
+    Rule(
+        _sig(
+            "triton-compile",
+            "Inductor could not compile a Triton kernel.",
+            "Check the Triton/torch versions match; clear the inductor cache (`rm -rf /tmp/torchinductor_$USER`); "
+            "`TORCHINDUCTOR_MAX_AUTOTUNE=0`; as a stopgap compile that function with backend=\"aot_eager\".",
+        ),
+        lines=(r"triton\.compiler\.errors\.\w*Error", r"\bPTXASError\b", r"OutOfResources: out of resource"),
+        exc_types=("CompilationError", "PTXASError", "OutOfResources"),
+        examples=("triton.compiler.errors.CompilationError: at 12:4: error: unsupported type",),
+    ),
+    Rule(
+        _sig(
+            "dataloader-worker",
+            "A DataLoader worker process died.",
+            "Usually host memory (see host-oom) or a crash in the dataset code; run with `num_workers=0` to "
+            "see the real traceback, raise the container's /dev/shm size.",
+        ),
+        lines=(r"DataLoader worker \(pid\(?s?\)? ?[\d, ]*\)? (?:exited unexpectedly|is killed by signal)",),
+        examples=("RuntimeError: DataLoader worker (pid(s) 4121) exited unexpectedly",),
+    ),
+    Rule(
+        _sig(
+            "distributed-init",
+            "The process group could not be initialised (rendezvous, store or port).",
+            "Check MASTER_ADDR/MASTER_PORT (a port still held by a zombie of the last run: `dflashctl "
+            "kill-zombies`), the world size, and that every rank was started.",
+        ),
+        lines=(r"DistNetworkError", r"DistStoreError", r"RendezvousTimeoutError",
+               r"The server socket has failed to listen on any local network address",
+               r"Timed out initializing process group"),
+        exc_types=("DistNetworkError", "DistStoreError", "RendezvousTimeoutError"),
+        examples=("torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+                  "network address. port: 29500, useIPv6: 0, code: -98, name: EADDRINUSE",),
+    ),
+    Rule(
+        _sig(
+            "segfault",
+            "The process died of a segmentation fault (native crash).",
+            "Run with `PYTHONFAULTHANDLER=1` to get the Python stack of every thread; common causes are "
+            "mismatched CUDA/driver/library builds and use of a tensor after its CUDA context was lost.",
+        ),
+        lines=(r"Fatal Python error: Segmentation fault", r"\bSegmentation fault\b(?: \(core dumped\))?",
+               r"\bSIGSEGV\b"),
+        examples=("Fatal Python error: Segmentation fault",),
+    ),
+)
+
+# Literal substrings; a line without any of them (and outside a traceback) cannot match a line pattern.
+ANCHORS: tuple[str, ...] = (
+    "Error", "CUDA", "CUBLAS", "NCCL", "Watchdog", "Xid", "ECC", "GPU has fallen", "GPU is lost", "_limit",
+    "Detected that", "_is_fx", "NaN", "NAN", "No space left", "ENOSPC", "Disk quota", "DefaultCPUAllocator",
+    "Out of memory", "Cannot allocate", "OutOfResources", "DataLoader worker", "The server socket",
+    "Timed out initializing", "Segmentation fault", "SIGSEGV", "Fatal Python",
+)
+
+BY_ID: dict[str, Rule] = {r.signature.id: r for r in RULES}
+LOSS_RULES: tuple[Rule, ...] = tuple(r for r in RULES if r.progress_loss)
+SIGNATURES: tuple[Signature, ...] = tuple(r.signature for r in RULES)
+
+# Each pattern runs only on lines holding one of its anchors: plain substring tests first (fast), the
+# regex after (a big alternation of 40 patterns costs ~100 µs a line in Python's engine; this, a few µs).
+_PATTERNS: list[tuple[Rule, tuple[str, ...], re.Pattern[str]]] = [
+    (r, tuple(a for a in ANCHORS if a in pat), re.compile(pat)) for r in RULES for pat in r.lines
+]
+
+
+def match_line(text: str) -> list[Rule]:
+    """Every rule whose line pattern occurs in text (a log line with ANSI codes stripped)."""
+    found: list[Rule] = []
+    for rule, anchors, pat in _PATTERNS:
+        if rule not in found and any(a in text for a in anchors) and pat.search(text):
+            found.append(rule)
+    return found
+
+
+def match_exception(exc_type: str | None) -> list[Rule]:
+    """Rules that recognise a traceback by its final exception type (`torch.OutOfMemoryError`)."""
+    if not exc_type:
+        return []
+    short = exc_type.rsplit(".", 1)[-1]
+    return [r for r in RULES if short in r.exc_types]
+
+
+def match_frames(paths: list[str]) -> list[Rule]:
+    """Rules recognised by where a crashed worker thread's traceback went through (torch/_dynamo …)."""
+    return [r for r in RULES if r.frames and any(f in p for p in paths for f in r.frames)]
+
+
+def markdown() -> str:
+    """docs/failures.md, generated from RULES (a test checks the committed file equals this)."""
+    out = [
+        "# Failure signatures",
+        "",
+        "Generated by `python -m dflashctl.analysis.signatures --markdown` from "
+        "`dflashctl/analysis/signatures.py`; do not edit by hand (a test keeps the two in sync).",
+        "",
+        "`dflashctl status` and `dflashctl diagnose` report these ids (the ids are part of the JSON contract: "
+        "new ones may be added, none renamed). A hit inside a traceback of a crashed thread is always "
+        "reported; a hit followed by later training progress counts as recovered and is not, except for "
+        "ids marked *sticky*.",
+        "",
+        "| id | what happened |",
+        "|---|---|",
+    ]
+    out += [f"| [`{r.signature.id}`](#{r.signature.id}) | {r.signature.summary} |" for r in RULES]
+    for r in RULES:
+        out += ["", f"## {r.signature.id}", "", r.signature.summary, "", f"**What to do:** {r.signature.remedy}", ""]
+        how = []
+        if r.lines:
+            how.append("log lines matching " + ", ".join(f"`{p}`" for p in r.lines))
+        if r.exc_types:
+            how.append("tracebacks ending in " + ", ".join(f"`{t}`" for t in r.exc_types))
+        if r.progress_loss:
+            how.append("a progress line whose loss is NaN or infinite")
+        if r.frames:
+            how.append("a crashed worker thread whose traceback passes through "
+                       + ", ".join(f"`{f}`" for f in r.frames))
+        out.append("Recognised by: " + "; ".join(how) + "." + (" *Sticky.*" if r.sticky else ""))
+        if r.examples:
+            out += ["", "Example:", "", "```", *r.examples, "```"]
+    return "\n".join(out) + "\n"
+
+
+def _main(argv: list[str]) -> int:
+    if argv != ["--markdown"]:
+        sys.stderr.write("usage: python -m dflashctl.analysis.signatures --markdown\n")
+        return 2
+    sys.stdout.write(markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

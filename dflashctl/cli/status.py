@@ -1,0 +1,277 @@
+"""CLI verbs: status (one-shot, --watch, --all) and diagnose (offline). One renderer serves them all.
+
+Exit codes are the verdict's (DESIGN §5): 0 training/starting/finished, 100 crashed/lost, 103 stopped,
+104 stalled, 105 degraded; 102 run or host not found; 2 usage. `--json` is built from the same record
+the table is drawn from; `--watch --json` prints one JSON line per probe report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Group, RenderableType
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from dflashctl.analysis.health import Health, to_record
+from dflashctl.cli import app
+from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, console, print_json
+from dflashctl.commands import diagnose as diagnose_cmd
+from dflashctl.commands import status as status_cmd
+from dflashctl.errors import ConfigError
+from dflashctl.model import GpuFinding, Verdict
+
+VERDICT_STYLE = {
+    Verdict.STARTING: "cyan", Verdict.TRAINING: "bold green", Verdict.FINISHED: "green",
+    Verdict.DEGRADED: "bold yellow", Verdict.STALLED: "bold yellow", Verdict.CRASHED: "bold red",
+    Verdict.LOST: "bold red", Verdict.STOPPED: "blue",
+}
+FINDING_STYLE = {GpuFinding.BUSY: "green", GpuFinding.IDLE: "dim", GpuFinding.IDLE_ALLOCATED: "bold yellow",
+                 GpuFinding.ORPHANED: "bold red"}
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _num(v: float | None, fmt: str = "{:.0f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _spark(values: list[float | None], width: int = 24) -> str:
+    return "".join(" " if v is None else SPARK[min(7, int(v / 100 * 7.999))] for v in values[-width:])
+
+
+def _header(title: str, health: Health, extra: list[str]) -> Text:
+    t = Text()
+    t.append(title, style="bold")
+    t.append("  ")
+    t.append(f"{health.verdict}".upper(), style=VERDICT_STYLE[health.verdict])
+    t.append(f" (exit {health.exit_code})", style="dim")
+    p = health.progress
+    parts = [*extra]
+    if "step" in p:
+        parts.append(f"step {p['step']:.0f}")
+    if "tok/s" in p:
+        parts.append(f"{p['tok/s']:.1f} tok/s")
+    if "loss" in p:
+        parts.append(f"loss {p['loss']:.4g}")
+    if "acc_len" in p:
+        parts.append(f"τ {p['acc_len']:.2f}")
+    if parts:
+        t.append("  " + " · ".join(parts))
+    return t
+
+
+def render(title: str, health: Health, *, extra: list[str] = (), history: bool = False,
+           notes: list[str] = ()) -> RenderableType:
+    """The whole view: header, reasons, threads, GPUs, diagnoses. Used by status, --watch and diagnose."""
+    parts: list[RenderableType] = [_header(title, health, list(extra))]
+    for note in notes:
+        parts.append(Text(note, style="bold magenta"))
+    for r in health.reasons:
+        parts.append(Text(f"  {r}", style="dim"))
+    if health.threads:
+        tt = Table(title="threads", title_justify="left", box=None, pad_edge=False, show_edge=False)
+        for col in ("name", "state", "exception", "message"):
+            tt.add_column(col, overflow="fold")
+        for th in health.threads:
+            style = "bold red" if th.state == "crashed" else "green" if th.state == "running" else "dim"
+            msg = (th.message or "").splitlines()[0][:160] if th.message else ""
+            tt.add_row(th.name, Text(th.state, style=style), th.exception or "-", escape(msg))
+        parts.append(tt)
+    if health.gpus:
+        gt = Table(title="GPUs", title_justify="left", box=None, pad_edge=False, show_edge=False)
+        for col in ("gpu", "memory used/total", "util", "power", "finding"):
+            gt.add_column(col, justify="right" if col != "finding" else "left")
+        if history:
+            gt.add_column("utilisation history")
+        for g in health.gpus:
+            s = g.sample
+            mem = f"{_num(s.memory_used_mib)} / {_num(s.memory_total_mib)} MiB"
+            finding = Text(str(g.finding) if g.finding else "-", style=FINDING_STYLE.get(g.finding, "dim"))
+            row = [str(s.index), mem, f"{_num(s.utilization_pct)} %", f"{_num(s.power_w)} W", finding]
+            if history:
+                row.append(_spark(g.history))
+            gt.add_row(*row)
+        parts.append(gt)
+    if health.hits:
+        parts.append(Text("diagnosis", style="bold"))
+        for h in health.hits:
+            line = Text("  ")
+            line.append(h.signature.id, style="bold red")
+            line.append(f"  {h.signature.summary}")
+            parts.append(line)
+            parts.append(Text(f"    evidence (line {h.line}): {h.text[:200]}", style="dim"))
+            parts.append(Text(f"    what to do: {h.signature.remedy}"))
+    if health.final_exception:
+        parts.append(Text(f"final exception: {health.final_exception}", style="red"))
+    return Group(*parts)
+
+
+def render_view(v: status_cmd.StatusView, *, history: bool = False) -> RenderableType:
+    extra = []
+    if v.run:
+        extra.append(f"pid {v.run.get('pid') or '-'}")
+    if v.uptime_s is not None:
+        extra.append(f"up {_age(v.uptime_s)}")
+    extra.append(f"last log {_age(v.seconds_since_log)} ago" if v.seconds_since_log is not None else "last log -")
+    notes = []
+    if v.reconnecting:
+        notes.append(f"reconnecting… ({v.reconnecting})")
+    if v.gpu_error:
+        notes.append(f"GPUs: {v.gpu_error}")
+    return render(f"{v.host} · run {v.run_id or '-'}", v.health, extra=extra, history=history, notes=notes)
+
+
+def _print(renderable: RenderableType) -> None:
+    """Piped output keeps long lines (remedies, messages) whole instead of wrapping them at 80 columns."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    saved, console.width = console.width, 160
+    try:
+        console.print(renderable)
+    finally:
+        console.width = saved
+
+
+def _load_hosts(hosts: Path | None):
+    from dflashctl.config import load_inventory
+
+    return load_inventory(hosts)
+
+
+@app.command("status")
+def status(
+    run: str = typer.Argument(None, metavar="[RUN]", help="run id (default: the latest run)"),
+    hosts: Path = HostsOpt,
+    host: str = HostOpt,
+    json_: bool = JsonOpt,
+    watch: bool = typer.Option(False, "--watch", "-w", help="live view, redrawn in place (streaming probe)"),
+    interval: float = typer.Option(1.0, "--interval", "-i", min=0.1, max=3600, metavar="SEC",
+                                   help="seconds between reports in --watch"),
+    exit_on_failure: bool = typer.Option(False, "--exit-on-failure",
+                                         help="with --watch: exit with the verdict's code once the run "
+                                              "crashes, loses a thread or stalls"),
+    all_hosts: bool = typer.Option(False, "--all", help="every host of the inventory, one line each"),
+) -> None:
+    """The run's verdict, threads, GPUs and known failures (exit code = the verdict's code)."""
+    if all_hosts:
+        if run or host or watch:
+            raise ConfigError("--all checks the latest run of every host; it takes no RUN, --host or --watch")
+        _status_all(hosts, json_)
+    if exit_on_failure and not watch:
+        raise ConfigError("--exit-on-failure needs --watch", hint="one-shot status already exits with the verdict")
+    inv = _load_hosts(hosts)
+    h = inv.get(host)
+    from dflashctl.remote import connect
+
+    if not watch:
+        with connect(h) as target:
+            v = status_cmd.status_once(target, run)
+        if json_:
+            print_json(v.to_record())
+        else:
+            _print(render_view(v))
+        raise Exit(v.exit_code)
+    _watch(lambda: connect(h), run, interval, json_, exit_on_failure)
+
+
+def _watch(connect, run: str | None, interval: float, json_: bool, exit_on_failure: bool) -> None:
+    views = status_cmd.watch(connect, run, interval=interval)
+    last = None
+    saved_width = console.width
+    try:
+        if json_:
+            for v in views:
+                print_json(v.to_record())
+                last = v
+                if _done(v, exit_on_failure):
+                    break
+        else:
+            if not console.is_terminal:
+                console.width = 160  # see _print: the final view is printed once, unwrapped
+            with Live(console=console, auto_refresh=False, transient=False) as live:
+                for v in views:
+                    live.update(render_view(v, history=True), refresh=True)
+                    last = v
+                    if _done(v, exit_on_failure):
+                        break
+    except KeyboardInterrupt:
+        raise Exit(0) from None
+    finally:
+        views.close()
+        console.width = saved_width
+    raise Exit(last.exit_code if last is not None else 0)
+
+
+def _done(v: status_cmd.StatusView, exit_on_failure: bool) -> bool:
+    if v.reconnecting:
+        return False
+    if exit_on_failure and status_cmd.is_failure(v):
+        return True
+    return v.health.verdict.is_terminal  # nothing more will happen: stop watching
+
+
+def _status_all(hosts: Path | None, json_: bool) -> None:
+    from dflashctl.remote import connect
+
+    inv = _load_hosts(hosts)
+    names = inv.names()
+    lines = status_cmd.status_all([inv.get(n) for n in names], connect)
+    code = max((ln.exit_code for ln in lines), default=0)
+    if json_:
+        print_json({"hosts": [ln.to_record() for ln in lines], "exit_code": code})
+        raise Exit(code)
+    t = Table(box=None, pad_edge=False, show_edge=False)
+    for col in ("host", "run", "verdict", "step", "tok/s", "threads", "GPUs", "note"):
+        t.add_column(col)
+    for ln in lines:
+        if ln.view is None:
+            t.add_row(ln.host, "-", Text("unreachable" if ln.exit_code == 102 else "error", style="red"),
+                      "-", "-", "-", "-", escape(ln.error or ""))
+            continue
+        hh = ln.view.health
+        crashed = [th.name for th in hh.threads if th.state == "crashed"]
+        findings = [g.finding for g in hh.gpus]
+        gpus = f"{len(hh.gpus)}" + (f" ({findings.count(GpuFinding.IDLE_ALLOCATED)} idle-allocated)"
+                                    if GpuFinding.IDLE_ALLOCATED in findings else "")
+        t.add_row(ln.host, ln.view.run_id or "-", Text(str(hh.verdict), style=VERDICT_STYLE[hh.verdict]),
+                  _num(hh.progress.get("step")), _num(hh.progress.get("tok/s"), "{:.1f}"),
+                  f"{len(crashed)} crashed" if crashed else str(len(hh.threads)), gpus,
+                  escape(", ".join(x.signature.id for x in hh.hits)))
+    _print(t)
+    raise Exit(code)
+
+
+@app.command("diagnose")
+def diagnose(
+    logs: list[Path] = typer.Argument(None, metavar="[LOG]...",
+                                      help="copied train.log files (oldest first), or a copied run directory"),
+    gpus: list[Path] = typer.Option(None, "--gpus", metavar="FILE",
+                                    help="saved nvidia-smi output (CSV query or plain table; repeatable)"),
+    json_: bool = JsonOpt,
+) -> None:
+    """What went wrong and what to do, from copied files only (exit code = the verdict's code)."""
+    d = diagnose_cmd.diagnose(list(logs or []), list(gpus or []))
+    if json_:
+        print_json(to_record(d.health))
+    else:
+        _print(render(f"diagnose {', '.join(d.sources)}", d.health, extra=[f"{d.log.last_line_no} lines"]))
+    raise Exit(d.health.exit_code)
+
+

@@ -1,0 +1,124 @@
+"""diagnose: the status engine on copied files — logs, saved nvidia-smi output, a copied run directory.
+
+Offline by design: it reads only the files it is given, so it works on a laptop with a log pasted from
+a chat, and gives the same verdict `status` would have given with the same evidence.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dflashctl.analysis.gpus import GpuParseError, parse_nvidia_smi, sweeps
+from dflashctl.analysis.health import Evidence, GpuSweep, Health, ProcessState, judge
+from dflashctl.analysis.logscan import LogReport, LogScanner
+from dflashctl.errors import ConfigError
+
+READ_CHUNK = 8 << 20
+
+
+@dataclass
+class Diagnosis:
+    health: Health
+    log: LogReport
+    sources: list[str] = field(default_factory=list)  # what was read, in order
+
+
+def _read(path: Path) -> bytes:
+    if str(path) == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"no such file: {path}", hint="diagnose reads copied files: LOG… and --gpus FILE") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a directory", hint="pass a run directory only as a LOG argument") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+
+
+def _feed_file(scanner: LogScanner, path: Path) -> None:
+    """Stream a log file in chunks (multi-GB logs never sit in memory whole)."""
+    if str(path) == "-":
+        scanner.feed(sys.stdin.buffer.read())
+        return
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(READ_CHUNK):
+                scanner.feed(chunk)
+    except FileNotFoundError:
+        raise ConfigError(f"no such file: {path}", hint="diagnose reads copied files: LOG… and --gpus FILE") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+
+
+def _rotated_logs(run_dir: Path) -> list[Path]:
+    """train.log.N … train.log.1, train.log: oldest first, as they were written."""
+    def n(p: Path) -> int:
+        m = re.search(r"\.(\d+)$", p.name)
+        return int(m.group(1)) if m else 0
+
+    rotated = sorted(run_dir.glob("train.log.*"), key=n, reverse=True)
+    return [p for p in rotated if n(p) > 0] + ([run_dir / "train.log"] if (run_dir / "train.log").exists() else [])
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def diagnose(logs: list[Path], gpu_files: list[Path]) -> Diagnosis:
+    """Judge the given logs (several are read as one, in order) and nvidia-smi samples.
+
+    A run directory as a LOG brings its rotated logs, errors/*.json, heartbeat.json and exit_code."""
+    if not logs and not gpu_files:
+        raise ConfigError("nothing to diagnose", hint="dflashctl diagnose train.log [--gpus nvidia-smi.txt]")
+    scanner = LogScanner()
+    sources: list[str] = []
+    errors: dict[str, dict[str, Any]] = {}
+    heartbeat: dict[str, Any] | None = None
+    process = ProcessState()
+    for path in logs:
+        if path.is_dir():
+            files = _rotated_logs(path)
+            if not files and not (path / "errors").is_dir():
+                raise ConfigError(f"{path} has no train.log", hint="pass the run directory or its train.log")
+            for f in files:
+                _feed_file(scanner, f)
+                scanner.flush()
+                sources.append(str(f))
+            for f in sorted((path / "errors").glob("*.json")):
+                doc = _json(f)
+                if doc is not None:
+                    errors[f.stem] = doc
+            heartbeat = _json(path / "heartbeat.json") or heartbeat
+            code = (path / "exit_code").read_text().strip() if (path / "exit_code").exists() else ""
+            if code.lstrip("-").isdigit():
+                process = ProcessState(alive=False, exit_code=int(code), stopped=(path / "stopped").exists())
+            continue
+        _feed_file(scanner, path)
+        scanner.flush()  # a traceback never spans two files
+        sources.append(str(path))
+    gpu_sweeps: list[GpuSweep] = []
+    for path in gpu_files:
+        try:
+            reading = parse_nvidia_smi(_read(path).decode("utf-8", "replace"))
+        except GpuParseError as e:
+            raise ConfigError(f"{path}: {e}", hint="save `nvidia-smi --query-gpu=index,memory.used,"
+                              "utilization.gpu --format=csv` or plain `nvidia-smi` output") from None
+        for sw in sweeps(list(reading.samples)):
+            times = [s.timestamp for s in sw if s.timestamp is not None]
+            gpu_sweeps.append(GpuSweep(max(times) if times else None, sw))
+        sources.append(str(path))
+    report = scanner.report()
+    times = [s.time for s in gpu_sweeps if s.time is not None]
+    now = max(times) if times and len(times) == len(gpu_sweeps) else None
+    ev = Evidence(now=now, process=process, log=report, sweeps=gpu_sweeps, errors=errors, heartbeat=heartbeat)
+    return Diagnosis(judge(ev), report, sources)

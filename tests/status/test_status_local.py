@@ -1,0 +1,142 @@
+"""`dflashctl status` over the local transport: a real detached program, the real probe, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dflashctl.cli import main
+from dflashctl.commands import status as status_cmd
+from dflashctl.model import Verdict
+from dflashctl.remote import connect
+from status.runprog import start_local, wait_for
+
+
+@pytest.fixture
+def run(local_host) -> Iterator[tuple[Path, subprocess.Popen]]:  # noqa: ANN001 - harness LocalEnv
+    run_dir, proc = start_local(local_host.workspace_dir, "20261129-100000-test")
+    wait_for(lambda: b"step=3" in (run_dir / "train.log").read_bytes(), what="three steps")
+    try:
+        yield run_dir, proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def status_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[dict]]:
+    capsys.readouterr()
+    code = main(["status", *argv, "--json"])
+    out = capsys.readouterr().out
+    return code, [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_one_shot_status_of_a_training_run(run, local_host, capsys) -> None:  # noqa: ANN001
+    local_host.set_gpus([{"memory.used": 40000, "utilization.gpu": 97, "power.draw": 650.0}])
+    code, [doc] = status_json(capsys)
+    assert code == 0 and doc["schema"] == 1
+    assert doc["verdict"] == "training"
+    assert doc["run"]["id"] == "20261129-100000-test" and doc["run"]["alive"] is True
+    assert doc["progress"]["step"] >= 3 and doc["progress"]["tok/s"] == 1834.2
+    assert doc["threads"] == [] and doc["signatures"] == []
+    assert [(g["index"], g["utilization_pct"], g["finding"]) for g in doc["gpus"]] == [(0, 97, "busy")]
+
+
+def test_one_shot_status_names_the_crashed_thread_and_exits_105(run, local_host, capsys) -> None:  # noqa: ANN001
+    run_dir, _ = run
+    local_host.set_gpus([{"memory.used": 47421, "utilization.gpu": 0}, {"memory.used": 88283, "utilization.gpu": 0}])
+    (run_dir / "crash").touch()
+    wait_for(lambda: b"RuntimeError: Detected" in (run_dir / "train.log").read_bytes(), what="the traceback")
+    code, [doc] = status_json(capsys)
+    assert code == 105 and doc["verdict"] == "degraded"
+    [t] = doc["threads"]
+    assert (t["name"], t["state"], t["exception"]) == ("drafter-0", "crashed", "RuntimeError")
+    assert t["message"].startswith("Detected that you are using FX")
+    assert [s["id"] for s in doc["signatures"]] == ["compile-thread-race"]
+    assert [g["finding"] for g in doc["gpus"]] == ["idle-allocated", "idle-allocated"]
+    capsys.readouterr()
+    assert main(["status"]) == 105  # the table says the same
+    out = capsys.readouterr().out
+    for needle in ("DEGRADED", "drafter-0", "RuntimeError", "compile-thread-race", "compile_strategy",
+                   "idle-allocated"):
+        assert needle in out
+
+
+def test_finished_run_and_missing_run(run, local_host, capsys) -> None:  # noqa: ANN001
+    run_dir, proc = run
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    (run_dir / "exit_code").write_text("0\n")
+    code, [doc] = status_json(capsys, "20261129-100000-test")
+    assert (code, doc["verdict"]) == (0, "finished")
+    capsys.readouterr()
+    assert main(["status", "no-such-run"]) == 102
+    err = capsys.readouterr().err
+    assert err.startswith("ERROR: ") and "no-such-run" in err and "Traceback" not in err
+
+
+def test_watch_stream_sees_training_then_the_crash(run, local_host) -> None:  # noqa: ANN001
+    run_dir, _ = run
+    views = status_cmd.watch(lambda: connect(local_host.host), interval=0.2)
+    try:
+        first = next(views)
+        assert first.health.verdict == Verdict.TRAINING
+        (run_dir / "crash").touch()
+        seen = []
+        for v in views:
+            seen.append(v.health.verdict)
+            if v.health.verdict == Verdict.DEGRADED:
+                assert v.health.threads[0].name == "drafter-0"
+                assert v.health.threads[0].exception == "RuntimeError"
+                break
+            assert len(seen) < 100, seen
+        # the log was followed from its offset: every byte read once
+        assert v.log_bytes_scanned == v.log_offset > first.log_offset
+    finally:
+        views.close()
+
+
+def test_watch_json_lines_and_exit_on_failure(run, local_host, capsys) -> None:  # noqa: ANN001
+    run_dir, _ = run
+    import threading
+
+    threading.Timer(1.0, lambda: (run_dir / "crash").touch()).start()
+    t0 = time.monotonic()
+    code, docs = status_json(capsys, "--watch", "-i", "0.2", "--exit-on-failure")
+    assert code == 105
+    assert time.monotonic() - t0 < 60
+    assert len(docs) >= 2 and all(d["schema"] == 1 for d in docs)
+    assert docs[0]["verdict"] == "training" and docs[-1]["verdict"] == "degraded"
+    assert docs[-1]["threads"][0]["name"] == "drafter-0"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [(["--exit-on-failure"], "--watch"), (["--all", "--watch"], "--all"), (["--interval", "0"], "interval")],
+)
+def test_bad_option_combinations_are_usage_errors(argv: list[str], needle: str, local_host, capsys) -> None:  # noqa: ANN001
+    assert main(["status", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ERROR: ") and needle in err
+
+
+def test_status_all_one_line_per_host(run, local_host, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(local_host.hosts_file.read_text()
+                     + '\n[hosts.gone]\ntransport = "ssh"\naddress = "127.0.0.1"\nport = 1\n')
+    code, [doc] = status_json(capsys, "--all", "--hosts", str(hosts))
+    by_host = {h["host"]: h for h in doc["hosts"]}
+    assert by_host["local"]["verdict"] == "training"
+    assert by_host["gone"]["exit_code"] == 102 and by_host["gone"]["error"]
+    assert code == 102
+    capsys.readouterr()
+    main(["status", "--all", "--hosts", str(hosts)])
+    out = capsys.readouterr().out
+    assert "local" in out and "training" in out and "gone" in out and "unreachable" in out

@@ -1,0 +1,62 @@
+"""`status --watch` on the real trainer (tiny CPU config) with an injected drafter fault: its real log
+line, its real `Exception in thread drafter-1:` output, errors/drafter-1.json and heartbeat.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflashctl.cli import main
+from status.runprog import new_run_dir
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = ["--set", "runtime.compile_strategy=off", "--set", "train.batch_size=2", "--set", "train.seq_len=64",
+        "--set", "train.log_interval=1", "--set", "runtime.heartbeat_interval_s=0.2"]
+
+
+def start_trainer(workspace: Path, run_id: str, policy: str) -> subprocess.Popen:
+    run = new_run_dir(workspace, run_id)
+    with (run / "train.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer", "--config", "trainer/configs/tiny-cpu.toml", "--run-dir", str(run),
+             *FAST, "--set", f"runtime.on_worker_failure={policy}"],
+            cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "DFLASH_RUN_ID": run_id, "DFLASH_FAULT": "drafter-1@3"})
+    (run / "pid").write_text(f"{proc.pid}\n")
+    return proc
+
+
+def watch_json(capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, list[dict]]:
+    capsys.readouterr()
+    code = main(["status", "--watch", "--json", "-i", "0.3", *extra])
+    return code, [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("policy", "code", "verdict"), [("continue", 105, "degraded"), ("abort", 100, "crashed")])
+def test_watch_names_the_trainers_crashed_drafter(local_host, capsys, policy: str, code: int,  # noqa: ANN001
+                                                   verdict: str) -> None:
+    """continue: --exit-on-failure stops at the dead thread (105). abort: the trainer ends itself within
+    seconds; the watch follows it to the end (no --exit-on-failure, which could stop one report earlier)."""
+    proc = start_trainer(local_host.workspace_dir, f"20261129-103000-{policy}", policy)
+    try:
+        got, docs = watch_json(capsys, *(["--exit-on-failure"] if policy == "continue" else []))
+        last = docs[-1]
+        assert (got, last["verdict"]) == (code, verdict), last["reasons"]
+        crashed = [t for t in last["threads"] if t["state"] == "crashed"]
+        assert [(t["name"], t["exception"]) for t in crashed] == [("drafter-1", "RuntimeError")]
+        assert crashed[0]["message"] == "DFLASH_FAULT: injected fault in drafter-1 at step 3"
+        assert "Traceback (most recent call last):" in crashed[0]["traceback"]
+        assert last["final_exception"] == "RuntimeError"
+        if policy == "continue":  # the other threads go on, as the heartbeat says
+            assert {t["name"] for t in last["threads"]} >= {"drafter-0", "drafter-1"}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

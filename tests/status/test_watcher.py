@@ -1,0 +1,73 @@
+"""Watcher: what status carries from one probe report to the next (reports shaped per the probe contract)."""
+
+from __future__ import annotations
+
+import base64
+
+from dflashctl.commands.status import Watcher
+from dflashctl.model import Verdict
+
+SMI_IDLE = "0, GPU-00000000-0000-4000-8000-000000000000, NVIDIA H200, 88283, 143771, 0, 118.00\n"
+
+
+def report(t: float, data: bytes = b"", *, offset: int = 0, rotated: bool = False, alive: bool = True,
+           exit_code: int | None = None, smi: str | None = None, inode: int = 7) -> dict:
+    return {
+        "probe_version": 1, "time": t, "hostname": "ct200",
+        "run": {"id": "r1", "dir": "/ws/runs/r1", "meta": {"started_at_epoch": 0.0}, "pid": 42, "alive": alive,
+                "exit_code": exit_code, "stopped": False, "heartbeat": None, "errors": {}},
+        "log": {"path": "/ws/runs/r1/train.log", "size": offset + len(data), "inode": inode, "offset": offset,
+                "next_offset": offset + len(data), "data_b64": base64.b64encode(data).decode(), "rotated": rotated},
+        "gpus": {"source": "nvidia-smi" if smi else None, "nvml": [], "smi_csv": smi, "error": None},
+    }
+
+
+def steps(a: int, b: int) -> bytes:
+    return b"".join(b"step=%d loss=3.0 tok/s=100.0 lr=1.00e-04 acc=0.1\n" % i for i in range(a, b))
+
+
+def test_no_new_step_for_the_stall_window_is_stalled() -> None:
+    w = Watcher("pve", live=True)
+    data = steps(1, 6)
+    assert w.update(report(1000.0, data)).health.verdict == Verdict.TRAINING
+    v = w.update(report(1200.0, offset=len(data)))
+    assert v.health.verdict == Verdict.TRAINING and v.health.seconds_since_progress == 200
+    v = w.update(report(1301.0, offset=len(data)))
+    assert v.health.verdict == Verdict.STALLED and v.exit_code == 104
+    assert v.seconds_since_log == 301
+
+
+def test_first_look_in_watch_mode_trusts_moving_steps_but_one_shot_trusts_idle_gpus() -> None:
+    data = steps(1, 6)
+    assert Watcher("pve", live=True).update(report(50.0, data, smi=SMI_IDLE)).health.verdict == Verdict.TRAINING
+    v = Watcher("pve").update(report(50.0, data, smi=SMI_IDLE))
+    assert v.health.verdict == Verdict.STALLED  # one look, every GPU holding memory at 0 %: the seed's picture
+    assert [str(g.finding) for g in v.health.gpus] == ["idle-allocated"]
+
+
+def test_rotated_log_is_read_again_from_line_one() -> None:
+    w = Watcher("pve", live=True)
+    first = steps(1, 100)
+    w.update(report(1.0, first))
+    new = b"step=100 loss=2.0\nTraceback (most recent call last):\n  File \"t.py\", line 1, in <module>\n" \
+          b"torch.OutOfMemoryError: CUDA out of memory.\n"
+    v = w.update(report(2.0, new, rotated=True, inode=8, alive=False, exit_code=1))
+    assert v.health.verdict == Verdict.CRASHED
+    assert v.health.hits[0].line == 4  # counted in the new file, not after the old one's 99 lines
+    assert v.log_bytes_scanned == len(new)  # the scanner was reset: only the new file counts
+
+
+def test_a_tail_that_starts_mid_line_skips_the_partial_line() -> None:
+    w = Watcher("pve")
+    v = w.update(report(1.0, b"=4 loss=9.9 tok/s=1\nstep=5 loss=3.0 tok/s=100.0\n", offset=123456))
+    assert v.health.progress["step"] == 5 and not v.log_lines_from_start
+    assert v.to_record()["log"]["lines_from_start"] is False
+
+
+def test_new_run_behind_latest_starts_over() -> None:
+    w = Watcher("pve", live=True)
+    w.update(report(1.0, steps(1, 50)))
+    doc = report(2.0, steps(1, 3))
+    doc["run"]["id"] = "r2"
+    v = w.update(doc)
+    assert v.run_id == "r2" and v.health.progress["step"] == 2 and v.log_bytes_scanned == len(steps(1, 3))
