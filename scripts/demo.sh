@@ -36,11 +36,16 @@ if [[ $rc -ne 0 ]]; then
     exit "$rc"
 fi
 
-sleep 3  # a few more steps, so the status below has progress to judge
-if "$DFLASHCTL" status --help >/dev/null 2>&1; then
-    show status "${HOST[@]}" "$RUN"
-    "$DFLASHCTL" status "${HOST[@]}" "$RUN"
-fi
+# Watch it live for a while (what an engineer does instead of `sleep 600`): the view redraws each
+# second and would exit at once with the verdict's code if a drafter thread crashed. Ctrl-C (sent here
+# by `timeout` after WATCH_S seconds) ends the watch and leaves the run training.
+show status "${HOST[@]}" "$RUN" --watch --exit-on-failure "  # for ${WATCH_S:=15}s"
+timeout -s INT "$WATCH_S" "$DFLASHCTL" status "${HOST[@]}" "$RUN" --watch --exit-on-failure
+rc=$?
+if [[ $rc -ne 0 && $rc -ne 124 && $rc -ne 130 ]]; then exit "$rc"; fi
+
+show status "${HOST[@]}" "$RUN"
+"$DFLASHCTL" status "${HOST[@]}" "$RUN" || exit $?
 show runs "${HOST[@]}"
 "$DFLASHCTL" runs "${HOST[@]}"
 
