@@ -60,5 +60,11 @@ if [[ $rc -ne 103 ]]; then echo "stop returned $rc (expected 103: stopped by use
 
 show runs "${HOST[@]}"
 "$DFLASHCTL" runs "${HOST[@]}"
+# What training buys: the acceptance length tau (tokens accepted per target forward in real block
+# speculative decoding) of an untrained vs a trained drafter on a tiny Hugging Face target, with the
+# check that speculative output equals the target's greedy output.
+printf '\n\033[1m$ python benchmarks/acceptance.py --quick   # tau before/after training (tiny HF target, CPU)\033[0m\n'
+.venv/bin/python benchmarks/acceptance.py --quick --out "$(mktemp -d)/acceptance" || exit $?
+
 echo
-echo "demo done: the run was deployed, launched detached, confirmed training, and stopped."
+echo "demo done: the run was deployed, launched detached, watched training, and stopped; tau measured before/after."

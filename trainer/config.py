@@ -17,6 +17,7 @@ COMPILE_STRATEGIES = ("warmup", "naive", "off")
 ATTENTION_PATHS = ("auto", "sdpa", "flex")
 FAILURE_POLICIES = ("abort", "continue")
 SCHEDULES = ("cosine", "constant")
+TARGET_DTYPES = ("auto", "bfloat16", "float32")
 
 
 class ConfigError(Exception):
@@ -25,7 +26,8 @@ class ConfigError(Exception):
 
 @dataclass
 class TargetConfig:
-    """The frozen target LM. `path = ""` builds the tiny random model below (issue 5 adds HF checkpoints)."""
+    """The frozen target LM: a local HF checkpoint at `path` (its config.json fixes the dimensions below), or
+    `path = ""` for the tiny random model built from these fields."""
 
     path: str = ""
     vocab_size: int = 256
@@ -41,6 +43,9 @@ class TargetConfig:
     num_captured: int = 3
     """How many layers to capture when `layer_ids` is empty."""
     init_seed: int = 1234
+    dtype: str = "auto"
+    """Target weights and hidden states: auto = bfloat16 for an HF checkpoint on CUDA, else float32. The drafter
+    keeps fp32 parameters and runs under autocast in the target's dtype (trainer/model.py, Drafter)."""
 
 
 @dataclass
@@ -242,8 +247,11 @@ def validate(cfg: Config, name: str) -> None:
          "flex needs CUDA drafters (flex_attention has no backward on the CPU); use auto or sdpa")
     need(rt.on_worker_failure in FAILURE_POLICIES, "runtime.on_worker_failure", f"one of {FAILURE_POLICIES}")
     need(tr.schedule in SCHEDULES, "train.schedule", f"one of {SCHEDULES}")
+    need(t.dtype in TARGET_DTYPES, "target.dtype", f"one of {TARGET_DTYPES}")
     need(da.kind in ("markov", "generated"), "data.kind", "one of ('markov', 'generated')")
     need(da.kind != "generated" or bool(da.dir), "data.dir", "needed when data.kind = 'generated'")
+    need(da.kind != "generated" or bool(t.path), "target.path",
+         "needed when data.kind = 'generated' (the data is an HF target's own answers, in its vocabulary)")
     if t.path:  # an HF checkpoint: its config.json, not the TOML, fixes the dimensions (read without torch)
         from trainer.hf_config import HFConfigError, target_dims
 

@@ -15,6 +15,8 @@ from torch import Tensor
 
 from trainer.config import DataConfig
 
+EXACT_CHAIN_MAX_VOCAB = 8192
+
 
 @dataclass(frozen=True)
 class Batch:
@@ -30,8 +32,11 @@ class MarkovData:
             dcfg, seq_len, block_size, num_anchors, seed)
         self.n_tokens = vocab_size - 1  # the last id is the drafter's MASK token and never appears in data
         gen = torch.Generator().manual_seed(dcfg.chain_seed)
-        self.successors = torch.stack(
-            [torch.randperm(self.n_tokens, generator=gen)[: dcfg.branching] for _ in range(self.n_tokens)])
+        if self.n_tokens <= EXACT_CHAIN_MAX_VOCAB:  # distinct successors; O(V^2), fine for small vocabularies
+            self.successors = torch.stack(
+                [torch.randperm(self.n_tokens, generator=gen)[: dcfg.branching] for _ in range(self.n_tokens)])
+        else:  # real-target vocabularies (150k): O(V); a repeated successor has probability ~branching^2 / V
+            self.successors = torch.randint(0, self.n_tokens, (self.n_tokens, dcfg.branching), generator=gen)
         rest = (1.0 - dcfg.top_prob) / max(1, dcfg.branching - 1)
         probs = torch.full((dcfg.branching,), rest)
         probs[0] = dcfg.top_prob if dcfg.branching > 1 else 1.0

@@ -5,7 +5,8 @@ layers) and quacks like `TinyTarget` where the pipeline reaches inside (`cfg`, `
 `layer_devices`), so `build_drafter` gives a drafter with the target's hidden size and a frozen copy of its
 embedding and LM head. The model is split layer-wise over the target devices the way accelerate's device maps
 do (a pre-hook moves each layer's inputs to its device), without needing accelerate; captured layers are read
-wherever they land and gathered on the first device. bf16 when any target device is CUDA, fp32 on the CPU.
+wherever they land and gathered on the first device. `target.dtype`: auto = bf16 when any target device is
+CUDA, fp32 on the CPU.
 Loading is local only: `local_files_only=True`, never a hub download.
 """
 
@@ -18,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from trainer.config import Config, TargetConfig
-from trainer.hf_config import target_dims
+from trainer.hf_config import HFConfigError, target_dims
 
 
 def split_layers(num_layers: int, devices: list[str]) -> list[str]:
@@ -28,6 +29,13 @@ def split_layers(num_layers: int, devices: list[str]) -> list[str]:
 
 def default_dtype(devices: list[str]) -> torch.dtype:
     return torch.bfloat16 if any(d.startswith("cuda") for d in devices) else torch.float32
+
+
+def target_dtype(name: str, devices: list[str], hf: bool) -> torch.dtype:
+    """`target.dtype`: auto = bf16 for an HF checkpoint on CUDA, fp32 otherwise (CPU, the tiny model)."""
+    if name == "auto":
+        return default_dtype(devices) if hf else torch.float32
+    return getattr(torch, name)
 
 
 def _move(obj: Any, device: torch.device) -> Any:
@@ -138,9 +146,13 @@ def load_hf_target(tcfg: TargetConfig, devices: list[str], dtype: torch.dtype | 
     synced = sync_target_config(tcfg)
     dtype = dtype or default_dtype(devices)
     try:
-        model = AutoModelForCausalLM.from_pretrained(tcfg.path, dtype=dtype, local_files_only=True)
-    except TypeError:  # transformers < 4.56 names it torch_dtype
-        model = AutoModelForCausalLM.from_pretrained(tcfg.path, torch_dtype=dtype, local_files_only=True)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(tcfg.path, dtype=dtype, local_files_only=True)
+        except TypeError:  # transformers < 4.56 names it torch_dtype
+            model = AutoModelForCausalLM.from_pretrained(tcfg.path, torch_dtype=dtype, local_files_only=True)
+    except (OSError, ValueError) as e:  # no weights, truncated safetensors, unreadable files: one line, not a trace
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        raise HFConfigError(f"{tcfg.path}: cannot load the checkpoint ({lines[0]})") from None
     return HFTarget(model, synced, devices)
 
 
@@ -152,8 +164,9 @@ def load_tokenizer(path: str):
 
 def build_target(cfg: Config) -> Any:
     """The target a config names: the HF checkpoint at `target.path`, else H1's tiny random model."""
+    devices = list(cfg.devices.target)
     if cfg.target.path:
-        return load_hf_target(cfg.target, list(cfg.devices.target))
+        return load_hf_target(cfg.target, devices, target_dtype(cfg.target.dtype, devices, hf=True))
     from trainer.model import TinyTarget
 
-    return TinyTarget(cfg.target).place(list(cfg.devices.target))
+    return TinyTarget(cfg.target).place(devices).to(target_dtype(cfg.target.dtype, devices, hf=False))

@@ -59,6 +59,8 @@ def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Keeps x's dtype (the fp32 tables would promote bf16 q/k, and flex_attention needs q, k, v alike)."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -204,7 +206,12 @@ class DrafterLayer(nn.Module):
 
 class Drafter(nn.Module):
     """DFlash drafter. Frozen target embedding / LM head are non-persistent buffers: copied per replica, never
-    trained, never checkpointed (they belong to the target)."""
+    trained, never checkpointed (they belong to the target).
+
+    Precision follows the target: the trained parameters stay fp32 (master weights, fp32 grads for the
+    all-reduce and AdamW); when the target is bf16/fp16 (an HF checkpoint on CUDA) its buffers and hidden states
+    are too, and the forward runs under autocast in that dtype on whatever device the drafter is on. Casting the
+    buffers up to fp32 instead would cost 2 x vocab x hidden x 2 bytes per replica (2.5 GB for Qwen3-8B)."""
 
     def __init__(self, hidden: int, dcfg: DrafterConfig, num_captured: int, rope_theta: float, eps: float,
                  embed_weight: Tensor, lm_head_weight: Tensor) -> None:
@@ -218,9 +225,21 @@ class Drafter(nn.Module):
         self.register_buffer("embed_weight", embed_weight.detach().clone(), persistent=False)
         self.register_buffer("lm_head_weight", lm_head_weight.detach().clone(), persistent=False)
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The target's dtype when it is a low-precision one (autocast), else fp32."""
+        dt = self.embed_weight.dtype
+        return dt if dt in (torch.bfloat16, torch.float16) else torch.float32
+
     def forward(self, block_ids: Tensor, block_pos: Tensor, target_hidden: Tensor, attend: AttendFn,
                 mask: Any) -> Tensor:
-        """block_ids/block_pos [B, A*Bs]; target_hidden [B, T, n*H] -> logits [B, A*Bs, V]."""
+        """block_ids/block_pos [B, A*Bs]; target_hidden [B, T, n*H] -> logits [B, A*Bs, V] (compute dtype)."""
+        dt = self.compute_dtype
+        with torch.autocast(block_ids.device.type, dtype=dt, enabled=dt != torch.float32):
+            return self._forward(block_ids, block_pos, target_hidden, attend, mask)
+
+    def _forward(self, block_ids: Tensor, block_pos: Tensor, target_hidden: Tensor, attend: AttendFn,
+                 mask: Any) -> Tensor:
         b, t, _ = target_hidden.shape
         ctx = self.hidden_norm(self.fc(target_hidden))
         x = F.embedding(block_ids, self.embed_weight)

@@ -124,17 +124,19 @@ class Trainer:
         self.layer_ids = cfg.layer_ids
         self.attention = [resolve_attention(rt.attention, d) for d in self.devices]
         apply_thread_settings(rt)
+        # data before the target: a bad data dir fails in a second, not after minutes of loading a checkpoint
+        if cfg.data.kind == "generated":
+            self.data = GeneratedData(cfg.data.dir, tr.seq_len, cfg.drafter.block_size, tr.num_anchors, tr.seed,
+                                      cfg.target.vocab_size)
+        else:
+            self.data = MarkovData(cfg.data, cfg.target.vocab_size, tr.seq_len, cfg.drafter.block_size,
+                                   tr.num_anchors, tr.seed)
         self.target = build_target(cfg)
         self.target_device = cfg.devices.target[0]
         if rt.compile_strategy == "naive":
             # the seed's way: the coordinator runs eager flex_attention while workers compile
             self.target.attend = flex_attend
             self.target.causal_mask = causal_block_mask(tr.seq_len, self.target_device)
-        if cfg.data.kind == "generated":
-            self.data = GeneratedData(cfg.data.dir, tr.seq_len, cfg.drafter.block_size, tr.num_anchors, tr.seed)
-        else:
-            self.data = MarkovData(cfg.data, cfg.target.vocab_size, tr.seq_len, cfg.drafter.block_size,
-                                   tr.num_anchors, tr.seed)
         self.evals = PeriodicEval.from_config(cfg, self.target, self.layer_ids)
         torch.manual_seed(tr.seed)
         base = build_drafter(self.target, cfg.drafter, len(self.layer_ids), "cpu")
@@ -322,7 +324,8 @@ class Trainer:
         emit(f"trainer starting pid={os.getpid()} steps={cfg.train.steps} drafters={self.n} "
              f"devices={','.join(self.devices)} target={','.join(cfg.devices.target)} "
              f"compile_strategy={rt.compile_strategy} attention={','.join(sorted(set(self.attention)))} "
-             f"target_layers={self.layer_ids} drafter_params={n_params} block_size={cfg.drafter.block_size}")
+             f"target_layers={self.layer_ids} drafter_params={n_params} block_size={cfg.drafter.block_size} "
+             f"drafter_compute={str(self.replicas[0].compute_dtype).removeprefix('torch.')}")
         if self.resume:
             self._restore()
         self._phase = "warmup"

@@ -99,9 +99,7 @@ def propose(drafter: Drafter, ctx: Tensor, anchor_token: int, anchor_pos: int, b
     block_pos = torch.arange(anchor_pos, anchor_pos + block_size, device=dev)[None]
     anchors = torch.tensor([[anchor_pos]], device=dev)
     mask = dense_mask(anchors, ctx.shape[1], block_size)
-    # on CUDA the frozen embedding / LM head copied from a bf16 target are bf16: run the drafter under autocast
-    with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-        logits = drafter(block_ids, block_pos, ctx, sdpa_attend, mask)
+    logits = drafter(block_ids, block_pos, ctx, sdpa_attend, mask)  # autocast inside when the target is bf16
     return logits[0, 1:].argmax(-1).tolist()
 
 

@@ -82,7 +82,8 @@ class Heartbeat:
                 import torch
 
                 idx = int(dev.partition(":")[2] or 0)
-                row: dict[str, Any] = {"device": dev, "memory_allocated_mib": torch.cuda.memory_allocated(idx) / 2**20}
+                row: dict[str, Any] = {"device": dev, "memory_allocated_mib": torch.cuda.memory_allocated(idx) / 2**20,
+                                       "max_memory_allocated_mib": torch.cuda.max_memory_allocated(idx) / 2**20}
                 if self.nvml is not None:
                     row.update(self.nvml.sample(idx))
             else:

@@ -57,10 +57,12 @@ def generated(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return out
 
 
-def tiny_train_config(tiny_qwen3: Path, steps: int, extra: list[str] = ()):
-    from trainer.hf_train import target_config
+def tiny_train_config(tiny_qwen3: Path, data_dir: Path, steps: int, extra: list[str] = ()):
+    """The config `python -m trainer --set ...` would build: tiny HF target, generated data, 2 CPU drafters."""
+    from trainer.config import load_config
 
-    return target_config(str(tiny_qwen3), None, [
+    return load_config(None, [
+        f"target.path={tiny_qwen3}", "data.kind=generated", f"data.dir={data_dir}",
         "devices.drafters=['cpu', 'cpu']", f"train.steps={steps}", "train.seq_len=96", "train.batch_size=4",
         "train.num_anchors=4", "train.lr=1e-2", "train.min_lr=1e-3", "train.warmup_steps=5",
         "train.log_interval=10", "train.checkpoint_interval=0", "drafter.block_size=8", "data.prompt_len=8",
@@ -69,18 +71,16 @@ def tiny_train_config(tiny_qwen3: Path, steps: int, extra: list[str] = ()):
 
 @pytest.fixture(scope="session")
 def trained_run(tiny_qwen3: Path, generated: Path, tmp_path_factory: pytest.TempPathFactory):
-    """120 steps, 2 drafter threads on the CPU, periodic eval every 60 steps; returns (run_dir, trainer, rc)."""
+    """120 steps of the real `Trainer`, 2 drafter threads on the CPU, periodic eval every 60 steps on the
+    prompts of the first 2 generated samples; returns (run_dir, trainer, rc)."""
     import torch
 
-    from trainer.datagen import read_samples
-    from trainer.hf import load_tokenizer
-    from trainer.hf_train import HFTrainer
+    from trainer.pipeline import Trainer
 
     torch.set_num_threads(1)
     run_dir = tmp_path_factory.mktemp("runs") / "hf"
-    prompts = [s.ids[: s.prompt_len].tolist() for s in read_samples(generated)[:2]]
-    evals = {"prompts": prompts, "interval": 60, "max_new_tokens": 24,
-             "eos_id": load_tokenizer(str(tiny_qwen3)).eos_token_id}
-    trainer = HFTrainer(tiny_train_config(tiny_qwen3, 120), run_dir, str(tiny_qwen3), generated, evals)
+    cfg = tiny_train_config(tiny_qwen3, generated, 120, [
+        "eval.interval=60", f"eval.prompts={generated}", "eval.num_prompts=2", "eval.max_new_tokens=24"])
+    trainer = Trainer(cfg, run_dir)
     rc = trainer.run()
     return run_dir, trainer, rc
