@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 import traceback
@@ -20,6 +21,26 @@ from typing import Any
 from trainer.checkpoint import atomic_write_bytes
 
 RUNNING, CRASHED, FINISHED, STARTING = "running", "crashed", "finished", "starting"
+_REPORT_LOCK = threading.Lock()
+
+
+def standard_report(args: threading.ExceptHookArgs) -> str:
+    """Exactly what Python's default threading.excepthook prints: the header and the whole traceback."""
+    name = args.thread.name if args.thread is not None else threading.get_ident()
+    return f"Exception in thread {name}:\n" + "".join(
+        traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+
+
+def write_report(args: threading.ExceptHookArgs) -> None:
+    """Python's standard output, written in one piece under a lock: the default hook writes line by line, so
+    threads crashing at the same moment interleave their tracebacks in the log (seen in real runs)."""
+    text = standard_report(args)
+    with _REPORT_LOCK:
+        stream = sys.stderr
+        if stream is None:
+            return
+        stream.write(text)
+        stream.flush()
 
 
 def exc_type_name(exc_type: type[BaseException]) -> str:
@@ -91,7 +112,10 @@ class Supervisor:
         def hook(args: threading.ExceptHookArgs) -> None:
             if args.exc_type is SystemExit:
                 return original(args)
-            original(args)  # `Exception in thread drafter-1:` + the whole traceback, on stderr
+            if original is threading.__excepthook__:
+                write_report(args)  # `Exception in thread drafter-1:` + the whole traceback, on stderr
+            else:
+                original(args)  # someone else's hook: theirs decides the output
             name = args.thread.name if args.thread is not None else f"thread-{threading.get_ident()}"
             try:
                 self.record_crash(name, args.exc_type, args.exc_value, args.exc_traceback)

@@ -68,3 +68,44 @@ def test_dynamo_config_set_in_main_is_not_seen_by_a_new_thread():
     finally:
         torch._dynamo.config.recompile_limit = old
     assert seen == [old]
+
+
+def test_threads_crashing_at_once_leave_whole_standard_tracebacks_in_the_log(tmp_path):
+    """Each crash report is Python's standard text, in one piece: no header or frame of another thread
+    lands inside it, however many threads die at the same moment."""
+    import subprocess
+    import sys
+    import textwrap
+
+    prog = textwrap.dedent("""
+        import threading
+        from pathlib import Path
+        from trainer.supervise import Supervisor
+        sup = Supervisor(Path(%r), on_worker_failure="continue")
+        sup.install()
+        gate = threading.Barrier(12)
+        def work(i):
+            gate.wait()
+            def inner(depth):
+                if depth == 0:
+                    raise RuntimeError(f"boom from worker {i}")
+                inner(depth - 1)
+            inner(12)
+        threads = [threading.Thread(target=work, args=(i,), name=f"drafter-{i}") for i in range(12)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+    """) % str(tmp_path)
+    log = tmp_path / "train.log"
+    with open(log, "wb") as out:
+        subprocess.run([sys.executable, "-c", prog], stdout=out, stderr=subprocess.STDOUT, check=True, timeout=60)
+    text = log.read_text()
+    blocks = text.split("Exception in thread ")[1:]
+    assert sorted(b.split(":", 1)[0] for b in blocks) == sorted(f"drafter-{i}" for i in range(12))
+    shapes = set()
+    for block in blocks:
+        i = block.split(":", 1)[0].split("-")[1]
+        lines = block.rstrip("\n").splitlines()
+        assert lines[1] == "Traceback (most recent call last):"
+        assert lines[-1] == f"RuntimeError: boom from worker {i}"
+        shapes.add(block.replace(f"drafter-{i}", "drafter-N").replace(f"worker {i}", "worker N"))
+    assert len(shapes) == 1  # identical reports: nothing of one thread inside another's
