@@ -93,6 +93,7 @@ def main() -> int:
     sshd = SshdServer(tmp / "sshd").start()
     out = [f"status benchmark: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {os.cpu_count()} CPUs, "
            f"load {os.getloadavg()[0]:.1f}; loopback sshd + pct stand-in + nvidia-smi stand-in (8 GPUs)"]
+    pve = None
     try:
         pve = PveEnv(sshd, tmp / "pve")
         os.environ.update(pve.env)
@@ -141,6 +142,8 @@ def main() -> int:
                 "the raw one-liner returns 15 grep lines and 8 CSV rows; status returns the verdict, every thread,",
                 "whole tracebacks, signatures with remedies, per-GPU findings, progress, process state, heartbeat."]
     finally:
+        if pve is not None:
+            pve.close()  # the container's init and the frozen program go with it
         sshd.stop()
     text = "\n".join(out)
     print(text)

@@ -330,7 +330,9 @@ def _liveness(ev: Evidence, gpus: list[GpuStatus], progress: dict[str, float], s
     if (since is None or since >= t.stall_window_s) and _nccl_hang_shape(gpus, window, t):
         return Verdict.STALLED, ["GPUs busy at low power with no progress: the shape of an NCCL/collective hang"]
     if progress:
-        return Verdict.TRAINING, [f"step {progress.get('step', 0):.0f}"]
+        # why it counts as training (the step itself is in the progress fields, not repeated here)
+        return Verdict.TRAINING, [f"last new step {since:.0f} s ago" if since is not None
+                                  else "steps logged, no sign of a stall"]
     return Verdict.STARTING, ["no training step yet"]
 
 

@@ -46,6 +46,10 @@ _FRAG_NAME_RE = re.compile(  # the name half of a header cut in two; never a tra
 _IGNORED_RE = re.compile(r"^Exception ignored (?:in|on)\b")
 # The trainer's last line (trainer/pipeline.py): how the run ended, for offline diagnosis of a copied log.
 _END_RE = re.compile(r"^training (finished|aborted|stopped)\b")
+# Lines that end a traceback's message: they come from some other writer, never from a message's own
+# newlines. `[dflashctl] …` (the launcher's tag), `trainer: …` / `fatal: …` (a program's `name: text` line;
+# exception types are class names, which carry a capital), `Exception ignored in …`.
+_FOREIGN_RE = re.compile(r"^(?:\[[A-Za-z][\w.-]*\]\s|[a-z][a-z0-9_-]*: \S|Exception ignored (?:in|on)\b)")
 _CHAIN_RE = re.compile(
     r"^\s*(?:The above exception was the direct cause of the following exception:"
     r"|During handling of the above exception, another exception occurred:)\s*$"
@@ -482,7 +486,7 @@ class LogScanner:
         if tb.concurrent > 0 and (indented or _EXC_RE.match(t)):
             self._split(n, t)
             return "consumed"
-        if (parse_progress(t, n) is not None or _LOGREC_RE.match(t) or _END_RE.match(t)
+        if (parse_progress(t, n) is not None or _LOGREC_RE.match(t) or _END_RE.match(t) or _FOREIGN_RE.match(t)
                 or tb.continuation >= MAX_CONTINUATION):
             self._close()
             return "closed"

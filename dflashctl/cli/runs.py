@@ -11,6 +11,7 @@ import time
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
@@ -18,14 +19,13 @@ from rich.table import Table
 
 from dflashctl.cli import app
 from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, console, err_console, print_json
-from dflashctl.commands import deploy as deploy_cmd
-from dflashctl.commands import launch as launch_cmd
-from dflashctl.commands import logs as logs_cmd
-from dflashctl.commands import runs as runs_cmd
-from dflashctl.commands import stop as stop_cmd
-from dflashctl.commands import zombies as zombies_cmd
 from dflashctl.errors import ConfigError, ExitCode
 from dflashctl.remote import Target, connect
+
+if TYPE_CHECKING:  # each verb imports its command module itself: `status` should not pay for `deploy`
+    from dflashctl.commands import launch as launch_cmd
+    from dflashctl.commands import logs as logs_cmd
+    from dflashctl.commands import zombies as zombies_cmd
 
 _out = partial(console.print, soft_wrap=True)  # plain lines: never re-wrapped at 80 columns when piped
 _err = partial(err_console.print, soft_wrap=True)
@@ -89,6 +89,8 @@ def deploy(
     json_out: bool = JsonOpt,
 ) -> None:
     """Ship trainer/ into <workspace>/code (atomic swap; nothing sent when unchanged)."""
+    from dflashctl.commands import deploy as deploy_cmd
+
     with _target(hosts, host) as target:
         if check:
             st = deploy_cmd.check(target, source)
@@ -140,6 +142,8 @@ def launch(
     """Start a training run detached in the container, with its own run directory."""
     if wait_for not in ("started", "step", "exit"):
         raise ConfigError(f"--wait-for must be started, step or exit (got {wait_for!r})")
+    from dflashctl.commands import launch as launch_cmd
+
     opts = launch_cmd.LaunchOptions(name=name, config=config, kill_zombies=kill_zombies, extra=list(extra or []),
                                     source=source)
     say = (lambda m: _err(f"[dim]{escape(m)}[/]")) if not json_out else (lambda m: None)
@@ -195,6 +199,8 @@ def _say_wait(what: str, r: launch_cmd.WaitResult, timeout: float | None) -> Non
 
 
 def _follow(target: Target, run: str | None, *, from_start: bool = False, lines: int = 10) -> int:
+    from dflashctl.commands import logs as logs_cmd
+
     info = None
     try:
         for ev in logs_cmd.follow(target, run, from_start=from_start, lines=lines):
@@ -221,6 +227,8 @@ def _follow(target: Target, run: str | None, *, from_start: bool = False, lines:
 @app.command("runs")
 def runs(host: str | None = HostOpt, hosts: Path | None = HostsOpt, json_out: bool = JsonOpt) -> None:
     """Every run on the host with its verdict, start, duration and last step; newest first."""
+    from dflashctl.commands import runs as runs_cmd
+
     with _target(hosts, host) as target:
         lst = runs_cmd.list_runs(target)
     if json_out:
@@ -258,6 +266,8 @@ def logs(
     """Print a run's train.log (its tail, a live follow, or only its errors)."""
     if lines < 0:
         raise ConfigError(f"--lines must be 0 or more (got {lines})")
+    from dflashctl.commands import logs as logs_cmd
+
     with _target(hosts, host) as target:
         if errors:
             _print_errors(logs_cmd.errors(target, run), json_out)
@@ -310,6 +320,8 @@ def stop(
     json_out: bool = JsonOpt,
 ) -> None:
     """Stop a run: SIGTERM to its process group, grace period, SIGKILL. Exits 103 (stopped by user)."""
+    from dflashctl.commands import stop as stop_cmd
+
     with _target(hosts, host) as target:
         res = stop_cmd.stop(target, run, grace_s=grace)
     if json_out:
@@ -361,6 +373,8 @@ def kill_zombies(
     json_out: bool = JsonOpt,
 ) -> None:
     """End processes of earlier runs, defunct children's parents, and GPU holders of no live run."""
+    from dflashctl.commands import zombies as zombies_cmd
+
     with _target(hosts, host) as target:
         found = zombies_cmd.scan(target, tuple(pid or ()))
         victims = found.to_kill

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import typer
 from rich.console import Group, RenderableType
-from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -19,7 +18,6 @@ from rich.text import Text
 from dflashctl.analysis.health import Health, to_record
 from dflashctl.cli import app
 from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, console, print_json
-from dflashctl.commands import diagnose as diagnose_cmd
 from dflashctl.commands import status as status_cmd
 from dflashctl.errors import ConfigError
 from dflashctl.model import GpuFinding, Verdict
@@ -55,12 +53,15 @@ def _spark(values: list[float | None], width: int = 24) -> str:
     return "".join(" " if v is None else SPARK[min(7, int(v / 100 * 7.999))] for v in values[-width:])
 
 
-def _header(title: str, health: Health, extra: list[str]) -> Text:
+def _header(title: str, health: Health, extra: list[str], ended: str | None) -> Text:
+    """One line. `ended` ("exited 1") only for a run whose process is gone: next to a live run's verdict
+    an exit code would read as if it had exited (the command's own exit code is for scripts, in --json)."""
     t = Text()
     t.append(title, style="bold")
     t.append("  ")
     t.append(f"{health.verdict}".upper(), style=VERDICT_STYLE[health.verdict])
-    t.append(f" (exit {health.exit_code})", style="dim")
+    if ended:
+        t.append(f" ({ended})", style="dim")
     p = health.progress
     parts = [*extra]
     if "step" in p:
@@ -77,13 +78,14 @@ def _header(title: str, health: Health, extra: list[str]) -> Text:
 
 
 def render(title: str, health: Health, *, extra: list[str] = (), history: bool = False,
-           notes: list[str] = ()) -> RenderableType:
-    """The whole view: header, reasons, threads, GPUs, diagnoses. Used by status, --watch and diagnose."""
-    parts: list[RenderableType] = [_header(title, health, list(extra))]
+           notes: list[str] = (), ended: str | None = None, gpu_note: str | None = None) -> RenderableType:
+    """The whole view: header, why, threads, GPUs, diagnoses. Used by status, --watch and diagnose.
+    gpu_note: one line in the GPU section when there are no readings (why there are none)."""
+    parts: list[RenderableType] = [_header(title, health, list(extra), ended)]
     for note in notes:
         parts.append(Text(note, style="bold magenta"))
-    for r in health.reasons:
-        parts.append(Text(f"  {r}", style="dim"))
+    for i, reason in enumerate(health.reasons):  # why the verdict: labelled, one reason a line, aligned
+        parts.append(Text(f"  {'why:' if i == 0 else '    '} {reason}", style="dim"))
     if health.threads:
         tt = Table(title="threads", title_justify="left", box=None, pad_edge=False, show_edge=False)
         for col in ("name", "state", "exception", "message"):
@@ -108,6 +110,8 @@ def render(title: str, health: Health, *, extra: list[str] = (), history: bool =
                 row.append(_spark(g.history))
             gt.add_row(*row)
         parts.append(gt)
+    if gpu_note:
+        parts.append(Text(f"GPUs: {gpu_note}", style="dim" if not health.gpus else "yellow"))
     if health.hits:
         parts.append(Text("diagnosis", style="bold"))
         for h in health.hits:
@@ -132,9 +136,21 @@ def render_view(v: status_cmd.StatusView, *, history: bool = False) -> Renderabl
     notes = []
     if v.reconnecting:
         notes.append(f"reconnecting… ({v.reconnecting})")
-    if v.gpu_error:
-        notes.append(f"GPUs: {v.gpu_error}")
-    return render(f"{v.host} · run {v.run_id or '-'}", v.health, extra=extra, history=history, notes=notes)
+    if v.settling:
+        notes.append("the trainer is gone; waiting for the exit code its supervisor writes…")
+    code = (v.run or {}).get("exit_code")
+    ended = f"exited {code}" if v.health.verdict.is_terminal and isinstance(code, int) else None
+    return render(f"{v.host} · run {v.run_id or '-'}", v.health, extra=extra, history=history, notes=notes,
+                  ended=ended, gpu_note=gpu_note(v.gpu_error, has_gpus=bool(v.health.gpus)))
+
+
+def gpu_note(error: str | None, *, has_gpus: bool) -> str | None:
+    """The GPU problem in a few words; the probe's full text (NVML's error too) stays in --json."""
+    if error is None:
+        return None if has_gpus else "none reported"
+    if "nvidia-smi not found" in error:
+        return "none (CPU host: nvidia-smi not found)"
+    return error
 
 
 def _print(renderable: RenderableType) -> None:
@@ -192,6 +208,8 @@ def status(
 
 
 def _watch(connect, run: str | None, interval: float, json_: bool, exit_on_failure: bool) -> None:
+    from rich.live import Live
+
     views = status_cmd.watch(connect, run, interval=interval)
     last = None
     saved_width = console.width
@@ -220,7 +238,7 @@ def _watch(connect, run: str | None, interval: float, json_: bool, exit_on_failu
 
 
 def _done(v: status_cmd.StatusView, exit_on_failure: bool) -> bool:
-    if v.reconnecting:
+    if v.reconnecting or v.settling:
         return False
     if exit_on_failure and status_cmd.is_failure(v):
         return True
@@ -267,6 +285,8 @@ def diagnose(
     json_: bool = JsonOpt,
 ) -> None:
     """What went wrong and what to do, from copied files only (exit code = the verdict's code)."""
+    from dflashctl.commands import diagnose as diagnose_cmd
+
     d = diagnose_cmd.diagnose(list(logs or []), list(gpus or []))
     if json_:
         print_json(to_record(d.health))

@@ -12,6 +12,9 @@ from dflashctl.remote import probe
 from dflashctl.remote.target import Target
 
 TAIL_BYTES_PER_LINE = 512
+# The run's supervisor writes exit_code only after reaping the trainer's group (up to the launcher's
+# GROUP_GRACE_S of 5 s): a dead trainer without one yet is still ending, not lost, for this long.
+EXIT_CODE_GRACE_S = 10.0
 ERRORS_MAX_BYTES = 64 << 20  # --errors reads at most this much of the log's end
 
 
@@ -55,6 +58,7 @@ def follow(target: Target, run: str | None, *, from_start: bool = False, lines: 
         yield FollowEvent(first.text.encode(), info)
         offset = first.next_offset
     stream = probe.probe_stream(target, target.host.workspace, info.id, offset, interval, gpus=False)
+    gone_since: float | None = None  # probe time the trainer was first seen dead without an exit code
     try:
         for doc in stream:
             info = run_from_probe(doc["run"]) if doc.get("run") else info
@@ -62,8 +66,15 @@ def follow(target: Target, run: str | None, *, from_start: bool = False, lines: 
             data = probe.decode_log(doc)
             yield FollowEvent(data, info, bool(log.get("rotated")))
             drained = log.get("next_offset", 0) >= log.get("size", 0)
-            if not info.alive and (info.exit_code is not None or info.pid is not None) and drained:
+            if info.alive or not drained or info.pid is None:
+                gone_since = None
+                continue
+            if info.exit_code is not None:
                 return
+            now = float(doc.get("time") or 0.0)
+            gone_since = now if gone_since is None else gone_since
+            if now - gone_since >= EXIT_CODE_GRACE_S:
+                return  # nobody wrote an exit code: the run is lost
     finally:
         stream.close()
 

@@ -26,6 +26,9 @@ from dflashctl.remote import probe
 from dflashctl.remote.target import Target
 
 HISTORY = 120  # GPU sweeps kept (utilisation history in watch mode)
+# The supervisor writes exit_code after reaping the trainer's group (up to 5 s): a watch that sees the
+# trainer gone without one waits this long before it believes "lost" (and stops, or exits 100).
+EXIT_CODE_GRACE_S = 10.0
 RECONNECT_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 
 
@@ -43,6 +46,7 @@ class StatusView:
     log_lines_from_start: bool = True  # False: line numbers count from where reading began (tail)
     gpu_error: str | None = None
     reconnecting: str | None = None  # why the watch is reconnecting (None: connected)
+    settling: bool = False  # watching: the trainer is gone and its exit code not written yet (not final)
     log_offset: int | None = None  # where the next read of the log starts
     log_bytes_scanned: int = 0  # bytes the scanner has read so far (each byte once, unless rotated)
 
@@ -73,6 +77,7 @@ class StatusView:
                     "offset": self.log_offset, "bytes_scanned": self.log_bytes_scanned},
             "gpu_error": self.gpu_error,
             "reconnecting": self.reconnecting,
+            "settling": self.settling,
         }
         rec.update(to_record(self.health))
         rec["gpus"] = [dict(g, history=h.history) for g, h in zip(rec["gpus"], self.health.gpus, strict=True)]
@@ -117,6 +122,7 @@ class Watcher:
     last_log_at: float | None = None
     last: StatusView | None = None
     live: bool = False  # watching: a step seen at the first look counts as fresh until it stops moving
+    gone_since: float | None = None  # when the process was first seen dead with no exit code
 
     def update(self, doc: dict[str, Any]) -> StatusView:
         now = doc.get("time")
@@ -135,12 +141,16 @@ class Watcher:
                 self.from_start = int(log.get("offset") or 0) == 0
                 if not self.from_start:  # a tail starts mid-line: skip to the first whole line
                     data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+            mtime = log.get("mtime")
+            mtime = float(mtime) if isinstance(mtime, int | float) and not isinstance(mtime, bool) else None
             if data:
                 self.scanner.feed(data)
-                self.last_log_at = now
+                # the file's mtime is when these bytes were written (a tail read at the first look may be
+                # hours old); `now` only when the probe did not say
+                self.last_log_at = min(mtime, now) if mtime is not None and now is not None else (mtime or now)
+            elif self.last_log_at is None and mtime is not None:
+                self.last_log_at = mtime
             self.next_offset, self.inode = log.get("next_offset"), log.get("inode")
-            if self.last_log_at is None and isinstance(log.get("mtime"), int | float):
-                self.last_log_at = float(log["mtime"])
         sweep, gpu_error = gpu_sweep(doc)
         if sweep is not None:
             self.sweeps.append(sweep)
@@ -169,12 +179,16 @@ class Watcher:
                       last_progress_time=progress_time)
         health = judge(ev, self.thresholds)
         started = process.started_at
+        gone = bool(run) and process.alive is False and process.exit_code is None and not process.stopped
+        self.gone_since = (self.gone_since if self.gone_since is not None else now) if gone else None
+        settling = (self.live and gone and health.verdict == Verdict.LOST and now is not None
+                    and self.gone_since is not None and now - self.gone_since < EXIT_CODE_GRACE_S)
         view = StatusView(
             host=self.host, run=run, health=health, time=now,
             uptime_s=(now - started) if started is not None and now is not None and process.alive else None,
             seconds_since_log=(now - self.last_log_at) if now is not None and self.last_log_at is not None else None,
             log_path=(log or {}).get("path"), log_lines_from_start=self.from_start, gpu_error=gpu_error,
-            log_offset=self.next_offset, log_bytes_scanned=self.scanner.bytes_scanned,
+            log_offset=self.next_offset, log_bytes_scanned=self.scanner.bytes_scanned, settling=settling,
         )
         self.last = view
         return view
@@ -220,7 +234,7 @@ def watch(connect: Callable[[], Target], run: str | None = None, *, interval: fl
                     w = Watcher(target.host.name, thresholds, live=True)
                     yield w.update(doc)
                 for doc in probe.probe_stream(target, target.host.workspace, w.run_id, w.next_offset, interval,
-                                              log_max=log_max):
+                                              log_max=log_max, log_inode=w.inode):
                     failures = 0
                     yield w.update(doc)
                 raise ConnectFailed(f"host {target.host.name}: the watch probe ended")
@@ -272,5 +286,7 @@ def status_all(hosts: list[Host], connect: Callable[[Host], Target], *,
 
 
 def is_failure(v: StatusView) -> bool:
-    """What `--exit-on-failure` stops on: a crash, a dead thread, a stall, a lost run."""
+    """What `--exit-on-failure` stops on: a crash, a dead thread, a stall, a lost run (once it is sure)."""
+    if v.settling:
+        return False
     return v.health.verdict in (Verdict.CRASHED, Verdict.DEGRADED, Verdict.STALLED, Verdict.LOST)

@@ -23,17 +23,36 @@ import getpass
 import os
 import select
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import paramiko
-
 from dflashctl.errors import AuthFailed, ConnectFailed, HostKeyError, RemoteTimeout
 from dflashctl.model import Host
 from dflashctl.remote.transport import Result, Transport, shell_join
+
+
+def _import_paramiko():  # noqa: ANN202 - returns the module
+    """paramiko.config imports `invoke` (a task runner: ~0.1 s, a third of the cost of importing paramiko,
+    paid by every ssh command) only to run `Match exec` lines of an ssh_config. Import paramiko without
+    it; `load_ssh_config` brings invoke in when a config really has a `Match … exec`."""
+    if "invoke" in sys.modules:
+        import paramiko
+
+        return paramiko
+    sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` raises ImportError meanwhile
+    try:
+        import paramiko
+    finally:
+        if sys.modules.get("invoke", 0) is None:
+            del sys.modules["invoke"]
+    return paramiko
+
+
+paramiko = _import_paramiko()
 
 CONNECT_TIMEOUT_S = 10.0
 KEEPALIVE_S = 5
@@ -69,11 +88,22 @@ def ssh_config_path() -> Path | None:
     return default if default.exists() else None
 
 
+def _enable_match_exec(path: Path) -> None:
+    """Give paramiko the `invoke` it was imported without, for a config that has `Match … exec`."""
+    text = path.read_text(errors="replace")
+    if paramiko.config.invoke is None and any(
+            ln.split()[:1] == ["match"] and "exec" in ln.split() for ln in text.lower().splitlines()):
+        import invoke
+
+        paramiko.config.invoke = invoke
+
+
 def load_ssh_config() -> paramiko.SSHConfig:
     path = ssh_config_path()
     if path is None or not path.exists():
         return paramiko.SSHConfig()
     try:
+        _enable_match_exec(path)
         return paramiko.SSHConfig.from_path(str(path))
     except Exception as e:  # paramiko raises assorted types for bad files
         raise ConnectFailed(f"cannot read ssh config {path}: {e}") from None

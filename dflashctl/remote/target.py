@@ -1,7 +1,8 @@
 """A Target is where commands really run: the host's shell, or `pct exec CTID --` inside it.
 
 `pct exec` hands argv to lxc-attach with no shell, forwards stdin and returns the command's exit
-status, so wrapping is just a prefix. `pct status CTID` is checked once, before the first command.
+status, so wrapping is just a prefix. The container is known to run once a command has succeeded in it;
+`pct status CTID` is asked only to explain a failure (or before a stream, which has no exit status up front).
 """
 
 from __future__ import annotations
@@ -45,8 +46,15 @@ class Target:
     def run(
         self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
     ) -> Result:
-        self.ensure_running()
-        return self.transport.run(self.wrap(argv), stdin=stdin, timeout=timeout)
+        """No `pct status` round trip first: `pct exec` itself refuses a stopped or unknown container
+        (running nothing), so the first command is sent at once; only when it fails is `pct status` asked
+        which failure it was, to raise the precise one-line error (else the command's own failure stands)."""
+        res = self.transport.run(self.wrap(argv), stdin=stdin, timeout=timeout)
+        if not self._checked:
+            if not res.ok:
+                self.ensure_running()
+            self._checked = True  # it ran (exit 0), or pct status says the container is running
+        return res
 
     def stream(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Iterator[bytes]:
         self.ensure_running()

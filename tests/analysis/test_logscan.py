@@ -301,3 +301,37 @@ def test_evidence_is_the_exception_line_not_the_source_line_that_raised_it() -> 
     [hit] = scan(log).hits
     assert (hit.signature.id, hit.line) == ("cuda-illegal-access", 5)
     assert hit.text.startswith("RuntimeError: CUDA error")
+
+
+# A thread dies with a multi-line message; then each writer that may follow a traceback in a real train.log
+# prints one line. TAIL is printed after the traceback by the main thread.
+_MULTILINE_THEN = """
+import sys, threading
+sys.stderr = sys.stdout
+def drafter():
+    raise RuntimeError("NCCL error in: ProcessGroupNCCL.cpp:1275, unhandled cuda error\\n"
+                       "ncclUnhandledCudaError: Call to CUDA function failed.\\n"
+                       "Last error:\\n"
+                       "    Cuda failure 'out of memory'")
+t = threading.Thread(target=drafter, name="drafter-2"); t.start(); t.join()
+print(TAIL, flush=True)
+print("step=9 loss=2.0000 tok/s=10.0", flush=True)
+"""
+
+
+@pytest.mark.parametrize("tail", [
+    "[dflashctl] trainer exited with code 1",
+    "trainer: 3 worker threads died",
+    "2026-11-29 10:26:59,113 INFO coordinator: checkpoint saved",
+    "step=8 loss=2.5000 tok/s=11.0",
+    "Exception in thread drafter-3:",
+])
+def test_the_last_traceback_ends_at_its_message_not_at_the_next_writers_line(tail: str) -> None:
+    log = run_program(_MULTILINE_THEN.replace("TAIL", repr(tail)))
+    r = scan(log)
+    tb = r.tracebacks[0]
+    assert tb.thread == "drafter-2" and tb.exc_type == "RuntimeError"
+    assert tb.text.endswith("Last error:\n    Cuda failure 'out of memory'")  # the whole message, no more
+    assert tail not in tb.text and "step=9" not in tb.text
+    assert r.progress[-1].values["step"] == 9
+

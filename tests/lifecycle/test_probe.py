@@ -79,6 +79,32 @@ def test_log_reads_resume_from_an_offset_and_restart_after_rotation(local_host, 
         assert tail["log"]["offset"] == 32 and decode_log(tail) == b"x" * 8
 
 
+def test_log_record_carries_the_files_mtime(local_host):
+    ws = local_host.workspace_dir
+    rd = make_run(ws, "r1", b"step=1\n")
+    os.utime(rd / "train.log", (1_700_000_000.5, 1_700_000_000.5))
+    with local_host.connect() as t:
+        doc = probe_once(t, str(ws), "r1", gpus=False)
+    assert doc["log"]["mtime"] == 1_700_000_000.5
+
+
+def test_stream_given_the_old_inode_rereads_a_log_rotated_between_reconnects(local_host):
+    ws = local_host.workspace_dir
+    rd = make_run(ws, "r1", b"old1\nold2\n")
+    with local_host.connect() as t:
+        a = probe_once(t, str(ws), "r1", log_offset=0, gpus=False)
+        os.rename(rd / "train.log", rd / "train.log.1")  # rotated while no probe was watching ...
+        (rd / "train.log").write_bytes(b"new file, already longer than the old offset\n")  # ... and grew past it
+        stream = probe_stream(t, str(ws), "r1", a["log"]["next_offset"], 0.1, gpus=False,
+                              log_inode=a["log"]["inode"])
+        try:
+            doc = next(stream)
+        finally:
+            stream.close()
+    assert doc["log"]["rotated"] and doc["log"]["offset"] == 0
+    assert decode_log(doc) == b"new file, already longer than the old offset\n"
+
+
 def test_watch_mode_sends_only_new_bytes_each_interval(local_host):
     ws = local_host.workspace_dir
     rd = make_run(ws, "r1", b"")

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,3 +141,44 @@ def test_status_all_one_line_per_host(run, local_host, tmp_path: Path, capsys) -
     main(["status", "--all", "--hosts", str(hosts)])
     out = capsys.readouterr().out
     assert "local" in out and "training" in out and "gone" in out and "unreachable" in out
+
+
+def _kill_watch_probes(workspace: Path) -> int:
+    """SIGKILL the streaming probes watching `workspace`: the connection drops, the watch must reconnect."""
+    killed = 0
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            argv = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--watch" in argv and str(workspace).encode() in argv:
+            os.kill(int(p.name), signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+def test_watch_reconnect_rereads_a_log_rotated_while_disconnected(run, local_host) -> None:  # noqa: ANN001
+    run_dir, _ = run
+    crash = subprocess.run(  # a real thread traceback, as the new log file's first lines
+        [sys.executable, "-c", "import threading\ndef f():\n    raise RuntimeError('after the rotation')\n"
+         "t = threading.Thread(target=f, name='drafter-7'); t.start(); t.join()"], capture_output=True, timeout=30)
+    assert b"Exception in thread drafter-7" in crash.stderr
+    views = status_cmd.watch(lambda: connect(local_host.host), interval=0.2, sleep=lambda s: None)
+    try:
+        next(views)  # the first look
+        assert next(views).reconnecting is None  # the streaming probe is running
+        assert _kill_watch_probes(local_host.workspace_dir) == 1
+        os.rename(run_dir / "train.log", run_dir / "train.log.1")  # rotated while disconnected ...
+        (run_dir / "train.log").write_bytes(crash.stderr + b"step=1 loss=9.0\n" * 5000)  # ... longer than before
+        dropped = False
+        for i, v in enumerate(views):
+            dropped = dropped or v.reconnecting is not None
+            if dropped and v.reconnecting is None:  # the first report after reconnecting
+                break
+            assert i < 50
+    finally:
+        views.close()
+    assert [(t.name, t.exception) for t in v.health.threads] == [("drafter-7", "RuntimeError")]
+    assert v.health.verdict == Verdict.DEGRADED

@@ -71,3 +71,27 @@ def test_new_run_behind_latest_starts_over() -> None:
     doc["run"]["id"] = "r2"
     v = w.update(doc)
     assert v.run_id == "r2" and v.health.progress["step"] == 2 and v.log_bytes_scanned == len(steps(1, 3))
+
+
+def test_one_shot_last_log_age_comes_from_the_logs_mtime() -> None:
+    doc = report(1000.0, steps(1, 6))
+    doc["log"]["mtime"] = 958.0  # the probe's stat of train.log: last written 42 s before the report
+    v = Watcher("pve").update(doc)
+    assert v.seconds_since_log == 42
+    del doc["log"]["mtime"]  # an older probe: no mtime, the bytes count as just seen
+    assert Watcher("pve").update(doc).seconds_since_log == 0
+
+
+def test_a_watch_does_not_call_a_run_lost_while_its_exit_code_is_being_written() -> None:
+    from dflashctl.commands.status import EXIT_CODE_GRACE_S, is_failure
+
+    w = Watcher("pve", live=True)
+    w.update(report(100.0, steps(1, 6)))
+    gone = w.update(report(101.0, offset=len(steps(1, 6)), alive=False))  # exited; supervisor still reaping
+    assert gone.health.verdict == Verdict.LOST and gone.settling and not is_failure(gone)
+    done = w.update(report(102.0, offset=len(steps(1, 6)), alive=False, exit_code=0))
+    assert done.health.verdict == Verdict.FINISHED and not done.settling
+    w = Watcher("pve", live=True)
+    w.update(report(100.0, steps(1, 6), alive=False))
+    lost = w.update(report(100.0 + EXIT_CODE_GRACE_S, offset=len(steps(1, 6)), alive=False))
+    assert lost.health.verdict == Verdict.LOST and not lost.settling and is_failure(lost)  # nobody wrote one

@@ -12,6 +12,7 @@ total_mib}, run.ended_at (mtime of exit_code), procs[].starttime (clock ticks, f
 run_ids (with --procs: this workspace's run directories), runs (with --runs: every run's state
 plus log_size and last_step), host_gpu_procs (with --host-gpu-procs, run on the Proxmox host:
 {csv, procs: [{pid, ns_pid, used_memory_mib, gpu_uuid, in_container}], error}).
+log.mtime is train.log's modification time (when it last grew).
 The log: with --log-offset the bytes from there (at most --log-max); without, the last --log-max
 bytes; a file that shrank below the offset or changed inode is read from 0 with "rotated": true.
 The probe never reports itself or its ancestors (the caller) in procs.
@@ -126,10 +127,13 @@ def probe_once(target: Target, workspace: str, run: str | None = None, log_offse
 
 
 def probe_stream(target: Target, workspace: str, run: str | None, log_offset: int | None, interval: float,
-                 *, procs: bool = False, gpus: bool = True, log_max: int = DEFAULT_LOG_MAX) -> Iterator[dict]:
+                 *, procs: bool = False, gpus: bool = True, log_max: int = DEFAULT_LOG_MAX,
+                 log_inode: int | None = None) -> Iterator[dict]:
     """One report per interval from a single long-running probe (no per-poll `pct exec` cost); each
-    carries only the log bytes new since the previous one. Close the iterator to stop the probe."""
-    args = probe_args(workspace, run, log_offset, procs=procs, gpus=gpus, log_max=log_max)
+    carries only the log bytes new since the previous one. Close the iterator to stop the probe.
+    log_inode: the inode the offset belongs to, so a log rotated between reconnects (a new file that
+    may already be larger than the offset) is read again from 0 instead of from the old offset."""
+    args = probe_args(workspace, run, log_offset, procs=procs, gpus=gpus, log_max=log_max, log_inode=log_inode)
     args += ["--watch", "--interval", f"{interval:g}"]
     lines = target.stream([target.host.python, "-", *args], stdin=build_script().encode())
     got = False

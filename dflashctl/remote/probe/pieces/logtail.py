@@ -26,6 +26,7 @@ def read_log(path: str, offset: int | None, max_bytes: int, inode: int | None = 
         "path": path,
         "size": st.st_size,
         "inode": st.st_ino,
+        "mtime": st.st_mtime,  # when the log last grew: status's "last log N s ago" on a first look
         "offset": offset,
         "next_offset": offset + len(data),
         "data_b64": base64.b64encode(data).decode("ascii"),

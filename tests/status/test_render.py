@@ -1,0 +1,72 @@
+"""Golden output of the one renderer that one-shot status, --watch and diagnose share (plain text, no ANSI)."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+from rich.console import Console
+
+from dflashctl.cli.status import render_view
+from dflashctl.commands.status import Watcher
+
+NO_SMI = ("no GPUs visible: nvidia-smi not found "
+          "(NVMLError_LibraryNotFound: NVML Shared Library Not Found)")
+SMI_BUSY = "0, GPU-00000000-0000-4000-8000-000000000000, NVIDIA H200, 88283, 143771, 97, 650.00\n"
+CRASH = (b"Exception in thread drafter-0:\nTraceback (most recent call last):\n"
+         b'  File "/ws/code/trainer/drafter.py", line 88, in run\n    self.step()\n'
+         b"RuntimeError: Detected that you are using FX to symbolically trace a dynamo-optimized function.\n")
+
+
+def report(t: float, data: bytes, *, alive: bool = True, exit_code: int | None = None, smi: str | None = None,
+           gpu_error: str | None = None) -> dict:
+    return {
+        "probe_version": 1, "time": t, "hostname": "ct",
+        "run": {"id": "20261129-102659-demo", "dir": "/ws/runs/x", "meta": {"started_at_epoch": t - 95.0},
+                "pid": 2911, "alive": alive, "exit_code": exit_code, "stopped": False, "heartbeat": None,
+                "errors": {}},
+        "log": {"path": "/ws/runs/x/train.log", "size": len(data), "inode": 7, "offset": 0, "mtime": t - 3.0,
+                "next_offset": len(data), "data_b64": base64.b64encode(data).decode(), "rotated": False},
+        "gpus": {"source": "nvidia-smi" if smi else None, "nvml": [], "smi_csv": smi, "error": gpu_error},
+    }
+
+
+def text(doc: dict, *, history: bool = False) -> str:
+    out = io.StringIO()
+    Console(file=out, width=160, color_system=None, force_terminal=False).print(
+        render_view(Watcher("local", live=True).update(doc), history=history))
+    return out.getvalue()
+
+
+STEPS = b"".join(b"step=%d loss=4.766 tok/s=19410.5 acc_len=1.21\n" % i for i in range(1, 71))
+
+
+def test_live_cpu_run_one_line_header_no_exit_code_and_a_short_gpu_line() -> None:
+    assert text(report(1000.0, STEPS, gpu_error=NO_SMI)) == (
+        "local · run 20261129-102659-demo  TRAINING  pid 2911 · up 1m35s · last log 3s ago · step 70 · "
+        "19410.5 tok/s · loss 4.766 · τ 1.21\n"
+        "  why: last new step 3 s ago\n"
+        "GPUs: none (CPU host: nvidia-smi not found)\n"
+    )
+
+
+def test_the_nvml_detail_stays_in_json() -> None:
+    v = Watcher("local").update(report(1000.0, STEPS, gpu_error=NO_SMI))
+    assert v.to_record()["gpu_error"] == NO_SMI
+
+
+def test_an_ended_run_shows_how_its_process_exited() -> None:
+    got = text(report(1000.0, STEPS + CRASH, alive=False, exit_code=1, smi=SMI_BUSY))
+    assert got.splitlines()[0] == (
+        "local · run 20261129-102659-demo  CRASHED (exited 1)  pid 2911 · last log 3s ago · step 70 · "
+        "19410.5 tok/s · loss 4.766 · τ 1.21")
+    assert got.splitlines()[1:3] == ["  why: exited with code 1; crashed threads: drafter-0",
+                                     "       GPU(s) 0 hold memory that belongs to no live run"]
+    assert "GPUs:" not in got  # readings came: the table, no note
+
+
+def test_watch_view_is_the_same_renderer_plus_history() -> None:
+    doc = report(1000.0, STEPS, smi=SMI_BUSY)
+    one_shot, watched = text(doc), text(doc, history=True)
+    assert one_shot.splitlines()[:2] == watched.splitlines()[:2]
+    assert "utilisation history" in watched and "utilisation history" not in one_shot
