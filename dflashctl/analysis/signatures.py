@@ -50,8 +50,8 @@ RULES: tuple[Rule, ...] = (
         _sig(
             "compile-thread-race",
             "torch.compile raced between threads: dynamo/FX tracing state is process-global and not thread safe.",
-            'Set `compile_strategy = "warmup"` under `[runtime]` in the trainer config (the default; or launch '
-            "with `--set runtime.compile_strategy=warmup`). It compiles and warms every "
+            'Set `compile_strategy = "warmup"` under `[runtime]` in the trainer config (the default; or '
+            "`dflashctl launch -- --set runtime.compile_strategy=warmup`). It compiles and warms every "
             "compiled function on one thread per device before the drafter threads start, uses fixed shapes, "
             "applies dynamo/inductor settings inside each thread, never calls eager flex_attention while workers "
             "run compiled code, and counts recompiles after warm-up. `naive` (compile on first call in each "

@@ -48,3 +48,17 @@ JsonOpt = typer.Option(False, "--json", help="print JSON (schema 1) instead of a
 
 def hosts_path(value: Path | None) -> Path | None:
     return value
+
+
+def age(seconds: float | None) -> str:
+    """A duration the way a run table reads it: 42s, 3m07s, 2h05m, 1d03h ("-" when unknown)."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"

@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dflashctl.cli import app
-from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, console, err_console, print_json
+from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, age, console, err_console, print_json
 from dflashctl.errors import ConfigError, ExitCode
 from dflashctl.remote import Target, connect
 
@@ -43,19 +43,6 @@ def _target(hosts: Path | None, host: str | None):
         yield target
     finally:
         target.close()
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def _where(target: Target) -> str:
@@ -244,7 +231,7 @@ def runs(host: str | None = HostOpt, hosts: Path | None = HostsOpt, json_out: bo
     for r in lst.runs:
         started = (r.meta or {}).get("started_at") or "-"
         table.add_row("*" if r.id == lst.latest else "", r.id, str(r.verdict(lst.now)), str(r.pid or "-"),
-                      str(started), _age(r.duration_s(lst.now)), "-" if r.last_step is None else str(r.last_step),
+                      str(started), age(r.duration_s(lst.now)), "-" if r.last_step is None else str(r.last_step),
                       "-" if r.exit_code is None else str(r.exit_code))
     _show(table)
     _out("* = runs/latest")
@@ -353,7 +340,7 @@ def _zombie_table(rows: list[zombies_cmd.ZombieRow], *, outcome: bool) -> Table:
     if outcome:
         table.add_column("OUTCOME")
     for r in rows:
-        cells = [str(r.pid), escape(r.run_id or "-"), _age(r.age_s), "-" if r.gpu_mib is None else f"{r.gpu_mib:.0f}",
+        cells = [str(r.pid), escape(r.run_id or "-"), age(r.age_s), "-" if r.gpu_mib is None else f"{r.gpu_mib:.0f}",
                  r.state, r.action, escape(r.why), escape(_short_cmd(r.cmdline))]
         if outcome:
             cells.append(r.outcome or "-")

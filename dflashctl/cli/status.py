@@ -17,7 +17,7 @@ from rich.text import Text
 
 from dflashctl.analysis.health import Health, to_record
 from dflashctl.cli import app
-from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, console, print_json
+from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, age, console, print_json
 from dflashctl.commands import status as status_cmd
 from dflashctl.errors import ConfigError
 from dflashctl.model import GpuFinding, Verdict
@@ -30,19 +30,6 @@ VERDICT_STYLE = {
 FINDING_STYLE = {GpuFinding.BUSY: "green", GpuFinding.IDLE: "dim", GpuFinding.IDLE_ALLOCATED: "bold yellow",
                  GpuFinding.ORPHANED: "bold red"}
 SPARK = "▁▂▃▄▅▆▇█"
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def _num(v: float | None, fmt: str = "{:.0f}") -> str:
@@ -131,8 +118,8 @@ def render_view(v: status_cmd.StatusView, *, history: bool = False) -> Renderabl
     if v.run:
         extra.append(f"pid {v.run.get('pid') or '-'}")
     if v.uptime_s is not None:
-        extra.append(f"up {_age(v.uptime_s)}")
-    extra.append(f"last log {_age(v.seconds_since_log)} ago" if v.seconds_since_log is not None else "last log -")
+        extra.append(f"up {age(v.uptime_s)}")
+    extra.append(f"last log {age(v.seconds_since_log)} ago" if v.seconds_since_log is not None else "last log -")
     notes = []
     if v.reconnecting:
         notes.append(f"reconnecting… ({v.reconnecting})")
