@@ -23,8 +23,11 @@ show kill-zombies "${HOST[@]}" --dry-run
 
 latest() { "$DFLASHCTL" runs "${HOST[@]}" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["latest"] or "")'; }
 before=$(latest)
-show launch "${HOST[@]}" --name demo --wait-for step --timeout 300
-"$DFLASHCTL" launch "${HOST[@]}" --name demo --wait-for step --timeout 300
+# The tiny config finishes 200 steps in under a minute; ask for more so there is a live run to watch
+# and to stop (extra trainer arguments go after `--`).
+LAUNCH=(launch "${HOST[@]}" --name demo --wait-for step --timeout 300 -- --set train.steps="${DEMO_STEPS:-5000}")
+show "${LAUNCH[@]}"
+"$DFLASHCTL" "${LAUNCH[@]}"
 rc=$?
 after=$(latest)
 if [[ -n $after && $after != "$before" ]]; then RUN=$after; fi  # only ever stop the run started here
