@@ -29,6 +29,7 @@ from torch import Tensor
 
 from trainer.checkpoint import atomic_write_bytes
 from trainer.data import Batch
+from trainer.hf_config import read_json_object
 
 FORMAT = 1
 
@@ -290,16 +291,8 @@ def read_samples(data_dir: str | Path) -> list[Sample]:
 
 
 def read_meta(data_dir: str | Path) -> dict[str, Any]:
-    path = Path(data_dir) / "meta.json"
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{data_dir}: not a generated data directory (no meta.json)") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise DataError(f"{path}: cannot read ({e})") from None
-    if not isinstance(meta, dict):
-        raise DataError(f"{path}: expected a JSON object")
-    return meta
+    return read_json_object(Path(data_dir) / "meta.json", DataError,
+                            missing=f"{data_dir}: not a generated data directory (no meta.json)")
 
 
 def summarize(data_dir: str | Path) -> dict[str, Any]:

@@ -20,17 +20,22 @@ class HFConfigError(ValueError):
 
 def read_hf_config(path: str | Path) -> dict[str, Any]:
     """config.json of a local checkpoint directory as a dict (never touches the network)."""
-    cfg_file = Path(path) / "config.json"
     if not Path(path).is_dir():
         raise HFConfigError(f"{path}: not a directory (expected a local Hugging Face checkpoint)")
+    return read_json_object(Path(path) / "config.json", HFConfigError,
+                            missing=f"{path}: no config.json (expected a local Hugging Face checkpoint)")
+
+
+def read_json_object(path: Path, error: type[Exception], *, missing: str) -> dict[str, Any]:
+    """A JSON object from a file, every failure as one `error(message)` (the CLI prints it as one line)."""
     try:
-        data = json.loads(cfg_file.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise HFConfigError(f"{path}: no config.json (expected a local Hugging Face checkpoint)") from None
+        raise error(missing) from None
     except (OSError, json.JSONDecodeError) as e:
-        raise HFConfigError(f"{cfg_file}: cannot read ({e})") from None
+        raise error(f"{path}: cannot read ({e})") from None
     if not isinstance(data, dict):
-        raise HFConfigError(f"{cfg_file}: expected a JSON object")
+        raise error(f"{path}: expected a JSON object")
     return data
 
 

@@ -72,8 +72,28 @@ class GpuScript:
             self.link.symlink_to(NVIDIA_SMI)
 
 
+class _HostEnv:
+    """What both test hosts offer: GPU scripting through their `gpus` and a Target for their `host`."""
+
+    gpus: GpuScript
+    host: Any
+
+    def set_gpus(self, gpus: Sequence[dict[str, Any]] | None, processes: Sequence[dict[str, Any]] = ()) -> None:
+        self.gpus.set(gpus, processes)
+
+    def set_gpu_frames(self, frames: Sequence[Sequence[dict[str, Any]]] | None,
+                       processes: Sequence[dict[str, Any]] = ()) -> None:
+        self.gpus.frames(frames, processes)
+
+    def connect(self):
+        """A dflashctl Target for `host` (caller closes it, or use it as a context manager)."""
+        from dflashctl.remote import connect
+
+        return connect(self.host)
+
+
 @dataclass
-class PveEnv:
+class PveEnv(_HostEnv):
     """A Proxmox-like host reached over the real test sshd, with one running container.
 
     `host` is a Host(transport="ssh", container=CTID); inside the container /workspace is
@@ -155,18 +175,6 @@ class PveEnv:
     def container_running(self) -> bool:
         return self.pct("status", str(self.ctid)).stdout.decode().strip() == "status: running"
 
-    def set_gpus(self, gpus: Sequence[dict[str, Any]] | None, processes: Sequence[dict[str, Any]] = ()) -> None:
-        self.gpus.set(gpus, processes)
-
-    def set_gpu_frames(self, frames: Sequence[Sequence[dict[str, Any]]] | None,
-                       processes: Sequence[dict[str, Any]] = ()) -> None:
-        self.gpus.frames(frames, processes)
-
-    def connect(self):
-        """A dflashctl Target for `host` (caller closes it, or use it as a context manager)."""
-        from dflashctl.remote import connect
-
-        return connect(self.host)
 
     def close(self) -> None:
         if self.container_running():
@@ -176,7 +184,7 @@ class PveEnv:
 
 
 @dataclass
-class LocalEnv:
+class LocalEnv(_HostEnv):
     """The `local` transport (subprocess) with a temp workspace and the same GPU scripting."""
 
     tmp: Path
@@ -199,14 +207,3 @@ class LocalEnv:
         path = ":".join([str(BIN), str(self.gpu_bin), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         return {"PATH": path, "DFLASH_FAKE_GPUS": str(self.gpus.scenario), "DFLASHCTL_HOSTS": str(self.hosts_file)}
 
-    def set_gpus(self, gpus: Sequence[dict[str, Any]] | None, processes: Sequence[dict[str, Any]] = ()) -> None:
-        self.gpus.set(gpus, processes)
-
-    def set_gpu_frames(self, frames: Sequence[Sequence[dict[str, Any]]] | None,
-                       processes: Sequence[dict[str, Any]] = ()) -> None:
-        self.gpus.frames(frames, processes)
-
-    def connect(self):
-        from dflashctl.remote import connect
-
-        return connect(self.host)
