@@ -42,6 +42,16 @@ class Host:
     source: Path | None = None  # the hosts.toml this came from (for error messages)
 
     @property
+    def endpoint(self) -> str:
+        """How the host is reached, for tables and messages: `root@pve1:2222 via bastion` or this machine."""
+        if self.transport == "local":
+            return "this machine"
+        user = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        jump = f" via {self.proxy_jump}" if self.proxy_jump else ""
+        return f"{user}{self.address}{port}{jump}"
+
+    @property
     def label(self) -> str:
         where = self.address or "localhost"
         return f"{self.name} ({where}{f' ct {self.container}' if self.container is not None else ''})"

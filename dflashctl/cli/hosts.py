@@ -40,15 +40,6 @@ def _host_json(host: Host, inv: Inventory) -> dict[str, Any]:
     }
 
 
-def _address(host: Host) -> str:
-    if host.transport == "local":
-        return "this machine"
-    user = f"{host.user}@" if host.user else ""
-    port = f":{host.port}" if host.port else ""
-    jump = f" via {host.proxy_jump}" if host.proxy_jump else ""
-    return f"{user}{host.address}{port}{jump}"
-
-
 def _gpus(host: Host) -> str:
     if not host.gpus_target and not host.gpus_drafters:
         return "cpu"
@@ -72,7 +63,7 @@ def hosts_list(ctx: typer.Context, hosts: Path | None = HostsOpt, json_out: bool
         table.add_column(col, overflow="fold")
     for name in inv.names():
         h = inv.hosts[name]
-        cells = (name, h.transport, _address(h), str(h.container) if h.container is not None else "-",
+        cells = (name, h.transport, h.endpoint, str(h.container) if h.container is not None else "-",
                  h.workspace, h.python, _gpus(h))
         table.add_row("*" if name == inv.default else "", *map(escape, cells))
     console.print(table)

@@ -112,7 +112,7 @@ def check_host(host: Host, *, timeout: float = 60.0) -> HostReport:
             connect_now = getattr(target.transport, "check_connection", None)
             if connect_now is not None:
                 connect_now()
-            add(Check("connect", "ok", _where(host)))
+            add(Check("connect", "ok", ("ssh " if host.transport == "ssh" else "") + host.endpoint))
         except DflashError as e:
             return _stop(report, "connect", e)
         if host.container is None:
@@ -137,15 +137,6 @@ def check_host(host: Host, *, timeout: float = 60.0) -> HostReport:
         return report
     finally:
         target.close()
-
-
-def _where(host: Host) -> str:
-    if host.transport == "local":
-        return "this machine"
-    user = f"{host.user}@" if host.user else ""
-    port = f":{host.port}" if host.port else ""
-    via = f" via {host.proxy_jump}" if host.proxy_jump else ""
-    return f"ssh {user}{host.address}{port}{via}"
 
 
 def _stop(report: HostReport, check: str, error: DflashError) -> HostReport:
