@@ -157,6 +157,18 @@ class TinyTarget(nn.Module):
 
     @torch.no_grad()
     def hidden_states(self, ids: Tensor, layer_ids: list[int]) -> Tensor:
+        _, features = self._run(ids, layer_ids, self.attend, self.causal_mask)
+        return features
+
+    @torch.no_grad()
+    def forward_all(self, ids: Tensor, layer_ids: list[int]) -> tuple[Tensor, Tensor]:
+        """Logits and captured features in one pass, for decoding (same entry point as the HF target). Always
+        plain causal SDPA: decoding never touches the trainer's attention path (eager flex under threads)."""
+        x, features = self._run(ids, layer_ids, sdpa_attend, None)
+        return self.lm_head(self.norm(x.to(ids.device))), features
+
+    def _run(self, ids: Tensor, layer_ids: list[int], attend: AttendFn, causal_mask: Any) -> tuple[Tensor, Tensor]:
+        """The layer loop over the target's devices: final hidden state, and the captured layers concatenated."""
         b, t = ids.shape
         pos = torch.arange(t, device=ids.device).expand(b, t)
         cos, sin = rope_cos_sin(pos, self.layers[0].hd, self.cfg.rope_theta)
@@ -164,13 +176,13 @@ class TinyTarget(nn.Module):
         for i, (layer, dev) in enumerate(zip(self.layers, self.layer_devices, strict=True)):
             if x.device != torch.device(dev):
                 x, cos, sin = x.to(dev), cos.to(dev), sin.to(dev)
-            mask = self.causal_mask
+            mask = causal_mask
             if mask is not None and hasattr(mask, "to") and x.device != ids.device:
                 mask = mask.to(dev)
-            x = layer(x, cos, sin, self.attend, mask)
+            x = layer(x, cos, sin, attend, mask)
             if i in layer_ids:
                 captured.append(x.to(ids.device))
-        return torch.cat(captured, dim=-1)
+        return x, torch.cat(captured, dim=-1)
 
 
 class DrafterLayer(nn.Module):

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from trainer.masks import dense_mask
-from trainer.model import Drafter, TinyTarget, rope_cos_sin, sdpa_attend
+from trainer.model import Drafter, sdpa_attend
 
 ForwardFn = Callable[[Tensor], tuple[Tensor, Tensor]]
 DraftFn = Callable[[Tensor, list[int]], list[int]]
@@ -40,32 +40,9 @@ class SpecResult:
     """Target forward passes, the prefill included."""
 
 
-def tiny_forward_fn(target: TinyTarget, layer_ids: list[int]) -> ForwardFn:
-    """ForwardFn for H1's TinyTarget (its own module only exposes the captured features)."""
-
-    @torch.no_grad()
-    def forward(ids: Tensor) -> tuple[Tensor, Tensor]:
-        b, t = ids.shape
-        pos = torch.arange(t, device=ids.device).expand(b, t)
-        cos, sin = rope_cos_sin(pos, target.layers[0].hd, target.cfg.rope_theta)
-        x, captured = target.embed(ids), []
-        for i, (layer, dev) in enumerate(zip(target.layers, target.layer_devices, strict=True)):
-            if x.device != torch.device(dev):
-                x, cos, sin = x.to(dev), cos.to(dev), sin.to(dev)
-            x = layer(x, cos, sin, sdpa_attend, None)
-            if i in layer_ids:
-                captured.append(x.to(ids.device))
-        logits = target.lm_head(target.norm(x.to(ids.device)))
-        return logits, torch.cat(captured, dim=-1)
-
-    return forward
-
-
 def forward_fn(target: Any, layer_ids: list[int]) -> ForwardFn:
-    """The decoding entry point of either kind of target (HFTarget has `forward_all`)."""
-    if hasattr(target, "forward_all"):
-        return lambda ids: target.forward_all(ids, layer_ids)
-    return tiny_forward_fn(target, layer_ids)
+    """The decoding entry point of either kind of target: both have `forward_all(ids, layer_ids)`."""
+    return lambda ids: target.forward_all(ids, layer_ids)
 
 
 def target_device(target: Any) -> torch.device:

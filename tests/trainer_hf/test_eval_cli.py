@@ -13,7 +13,7 @@ from hf_paths import REPO
 from trainer.config import DrafterConfig, TargetConfig
 from trainer.eval import evaluate
 from trainer.model import TinyTarget, build_drafter
-from trainer.speculative import tiny_forward_fn
+from trainer.speculative import forward_fn
 
 
 def run_eval(*args: str) -> subprocess.CompletedProcess:
@@ -28,7 +28,7 @@ class LengthDependentTarget:
     def __init__(self) -> None:
         self.inner = TinyTarget(TargetConfig(num_layers=4))
         self.mask_token_id, self.embed_tokens = self.inner.mask_token_id, self.inner.embed_tokens
-        self.forward = tiny_forward_fn(self.inner, [1, 2])
+        self.forward = forward_fn(self.inner, [1, 2])
 
     def forward_all(self, ids, layer_ids):
         logits, feats = self.forward(ids)

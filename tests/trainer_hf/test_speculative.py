@@ -7,7 +7,7 @@ import torch
 
 from trainer.config import DrafterConfig, TargetConfig
 from trainer.model import TinyTarget, build_drafter
-from trainer.speculative import drafter_fn, greedy_decode, speculative_decode, tiny_forward_fn
+from trainer.speculative import drafter_fn, forward_fn, greedy_decode, speculative_decode
 
 LAYERS = [1, 3]
 BLOCK = 8
@@ -16,7 +16,7 @@ BLOCK = 8
 @pytest.fixture(scope="module")
 def tiny():
     target = TinyTarget(TargetConfig(num_layers=4))
-    return target, tiny_forward_fn(target, LAYERS)
+    return target, forward_fn(target, LAYERS)
 
 
 def oracle(forward, prompt, max_new, wrong_at=None):
