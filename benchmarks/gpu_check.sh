@@ -16,7 +16,10 @@
 #   strategy off          eager, attention = sdpa (eager flex_attention is not a training path)
 #            warmup       torch.compile warm-up on the main thread, flex_attention (attention = auto on CUDA)
 #            warmup+graphs  the same + runtime.cuda_graphs = true (inductor CUDA graph trees, per thread)
-#   plus tiny warmup+graphs with 2 drafter threads on cuda:0 (thread-local CUDA graph capture under threads).
+#   plus tiny warmup+graphs with 2 drafter threads on cuda:0 (thread-local CUDA graph capture under threads), and
+#   per-thread CUDA streams (runtime.cuda_streams, default on) against every thread on the default stream:
+#   tiny warmup with 2 drafter threads and mid warmup, each with cuda_streams = false (tok/s vs the same run with
+#   streams in the "tok/s vs streams" column).
 # Per run: exit code, warm-up (compile) seconds, steady step ms (median over the second half), tok/s, recompiles
 # after warm-up, peak CUDA memory, last loss. Writes the table to benchmarks/results/gpu_check.md and, when $OUT is
 # set (the device tool's output folder), to $OUT/gpu_check.md with every run's log under $OUT/logs/.
@@ -137,6 +140,9 @@ RUNS=(
   "mid warmup|mid|1|--set runtime.compile_strategy=warmup"
   "mid warmup+graphs|mid|1|--set runtime.compile_strategy=warmup --set runtime.cuda_graphs=true"
   "tiny warmup+graphs 2 threads|tiny|2|--set runtime.compile_strategy=warmup --set runtime.cuda_graphs=true"
+  "tiny warmup 2 threads|tiny|2|--set runtime.compile_strategy=warmup"
+  "tiny warmup 2 threads default stream|tiny|2|--set runtime.compile_strategy=warmup --set runtime.cuda_streams=false"
+  "mid warmup default stream|mid|1|--set runtime.compile_strategy=warmup --set runtime.cuda_streams=false"
 )
 
 START=$(date +%s)
@@ -190,20 +196,21 @@ print(f"`bash benchmarks/gpu_check.sh{' --cpu-dry-run' if dry else ''}`, {time.s
       "run of each config (later runs of that config reuse it). Step time = median log-interval time over the "
       f"second half / {every} steps; tok/s = drafter tokens (threads x batch x seq_len) per second. Target and drafters "
       "share the device.\n")
-print("| run | exit | warm-up s | step ms | tok/s | tok/s vs off | recompiles | peak CUDA MiB | last loss | wall s |")
-print("|---|---|---|---|---|---|---|---|---|---|")
-base = {}
+print("| run | exit | warm-up s | step ms | tok/s | tok/s vs off | tok/s vs streams | recompiles | peak CUDA MiB "
+      "| last loss | wall s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+base, by_name = {}, {}
 for row in Path(results).read_text().splitlines():
     name, cfg, rc, log, run_dir, *rest = row.split("\t")
     if rc == "skipped":
-        print(f"| {name} | skipped (time budget) | | | | | | | | |")
+        print(f"| {name} | skipped (time budget) | | | | | | | | | |")
         continue
     text = Path(log).read_text(errors="replace")
     lines = text.splitlines()
     steps_kv = [dict(p.split("=", 1) for p in ln.split() if "=" in p) for ln in lines if ln.startswith("step=")]
     warm = next((ln.split("compile_s=")[1].split()[0] for ln in lines if ln.startswith("warmup done")), "-")
     threads = 2 if "2 threads" in name else 1
-    step_ms = tok_s = ratio = "-"
+    step_ms = tok_s = ratio = vs_streams = "-"
     if len(steps_kv) >= 4:
         el = [float(kv["elapsed_s"]) for kv in steps_kv]
         half = el[len(el) // 2:]
@@ -213,6 +220,10 @@ for row in Path(results).read_text().splitlines():
         if name.endswith(" off"):
             base[cfg] = tps
         ratio = f"{tps / base[cfg]:.2f}" if cfg in base else "-"
+        by_name[name] = tps
+        with_streams = by_name.get(name.removesuffix(" default stream"))
+        if name.endswith(" default stream") and with_streams:
+            vs_streams = f"{tps / with_streams:.2f}"
     rec = steps_kv[-1].get("recompiles", "-") if steps_kv else "-"
     loss = steps_kv[-1].get("loss", "-") if steps_kv else "-"
     peak = "-"
@@ -223,11 +234,12 @@ for row in Path(results).read_text().splitlines():
         peak = f"{max(vals):.0f}" if vals else "-"
     status = rc if rc == "0" else f"{rc} ({'timeout' if rc in ('124', '137') else 'FAILED'})"
     wall = f"{int(rest[0]) / 1000:.0f}" if rest and rest[0] else "-"
-    print(f"| {name} | {status} | {warm} | {step_ms} | {tok_s} | {ratio} | {rec} | {peak} | {loss} | {wall} |")
+    print(f"| {name} | {status} | {warm} | {step_ms} | {tok_s} | {ratio} | {vs_streams} | {rec} | {peak} | {loss} "
+          f"| {wall} |")
     if rc not in ("0",):
         err = [ln for ln in lines if "Error" in ln or "error:" in ln][-3:]
         for e in err:
-            print(f"|   | `{e.strip()[:150]}` | | | | | | | | |")
+            print(f"|   | `{e.strip()[:150]}` | | | | | | | | | |")
 print()
 try:
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],

@@ -127,6 +127,8 @@ class RuntimeConfig:
     recompile_limit: int = 8
     cuda_graphs: bool = False
     """CUDA only: compile with mode='reduce-overhead' (per-thread CUDA graph trees, thread_local capture)."""
+    cuda_streams: bool = True
+    """CUDA only: every worker thread on its own streams (trainer/streams.py); false = the default stream."""
 
 
 @dataclass

@@ -33,6 +33,7 @@ from trainer.hf import build_target
 from trainer.loss import block_inputs, position_weights
 from trainer.masks import causal_block_mask, dense_mask, flex_block_mask
 from trainer.model import Drafter, build_drafter
+from trainer.streams import mark, receive, thread_streams
 from trainer.supervise import CRASHED, FINISHED, RUNNING, Fault, Supervisor
 from trainer.telemetry import Heartbeat, Progress, emit, log_line
 
@@ -50,6 +51,8 @@ class Work:
     ids: Tensor
     anchors: Tensor
     hidden: Tensor
+    ready: torch.cuda.Event | None = None
+    """When the coordinator's stream has finished writing `hidden` (trainer/streams.py)."""
 
 
 class AllReduce:
@@ -57,24 +60,30 @@ class AllReduce:
 
     The last thread to arrive sums the slots in rank order and divides once; everyone copies that one result,
     so every replica applies bit-identical gradients (and sees the same metrics and stop flag). A thread that
-    leaves (finished or crashed) is dropped from the group so the others never wait for it."""
+    leaves (finished or crashed) is dropped from the group so the others never wait for it. On CUDA each slot
+    and the result carry the event of the stream that wrote them (trainer/streams.py)."""
 
     def __init__(self, ranks: list[int]) -> None:
         self.cond = threading.Condition()
         self.active = set(ranks)
-        self.slots: dict[int, Tensor] = {}
+        self.slots: dict[int, tuple[Tensor, torch.cuda.Event | None]] = {}
         self.generation = 0
         self.result: Tensor | None = None
+        self.result_ready: torch.cuda.Event | None = None
         self.group: tuple[int, ...] = ()
 
     def _maybe_finish(self) -> None:
         if not self.active or not self.active.issubset(self.slots):
             return
         ranks = sorted(self.active)
-        total = self.slots[ranks[0]].clone()
+        first = self.slots[ranks[0]][0]
+        for r in ranks:
+            receive(*self.slots[r], first.device)
+        total = first.clone()
         for r in ranks[1:]:
-            total += self.slots[r].to(total.device)
+            total += self.slots[r][0].to(total.device)
         self.result = total / len(ranks)
+        self.result_ready = mark(self.result)
         self.group = tuple(ranks)
         self.slots.clear()
         self.generation += 1
@@ -84,14 +93,14 @@ class AllReduce:
         """Returns the mean and the ranks that took part (the lowest one is this step's leader)."""
         with self.cond:
             gen = self.generation
-            self.slots[rank] = tensor
+            self.slots[rank] = (tensor, mark(tensor))
             self._maybe_finish()
             while self.generation == gen:
                 if abort.is_set():
                     raise Aborted()
                 self.cond.wait(0.2)
             assert self.result is not None
-            return self.result, self.group
+            return receive(self.result, self.result_ready, tensor.device), self.group
 
     def leave(self, rank: int) -> None:
         with self.cond:
@@ -177,7 +186,7 @@ class Trainer:
         for rank, replica in enumerate(self.replicas):
             if self.sup.stop.is_set():
                 break
-            loss, _, _ = self._forward(rank, Work(-1, batch.ids, batch.anchors, hidden))
+            loss, _, _ = self._forward(rank, Work(-1, batch.ids, batch.anchors, hidden, mark(hidden)))
             loss.backward()
             replica.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
@@ -186,7 +195,7 @@ class Trainer:
     def _forward(self, rank: int, item: Work) -> tuple[Tensor, Tensor, Tensor]:
         dev, bs = self.devices[rank], self.cfg.drafter.block_size
         ids, anchors = item.ids.to(dev), item.anchors.to(dev)
-        hidden = item.hidden.to(dev)
+        hidden = receive(item.hidden, item.ready, dev).to(dev)
         block_ids, block_pos, labels = block_inputs(ids, anchors, bs, self.target.mask_token_id)
         use_flex = self.attention[rank] == "flex"
         mask = (flex_block_mask if use_flex else dense_mask)(anchors, ids.shape[1], bs)
@@ -215,6 +224,11 @@ class Trainer:
 
     def _coordinator(self) -> None:
         apply_thread_settings(self.cfg.runtime)
+        with thread_streams(self.cfg.devices.target, self.cfg.runtime.cuda_streams):
+            self._coordinate()
+        self.sup.set_state("coordinator", FINISHED)
+
+    def _coordinate(self) -> None:
         tr, bs = self.cfg.train, self.cfg.train.batch_size
         self.sup.set_state("coordinator", RUNNING)
         info = self.sup.threads["coordinator"]
@@ -225,17 +239,15 @@ class Trainer:
                 self.fault.check("coordinator", step, self.sup.stop)
                 batch = self.data.batch(step, self.n * bs)
                 hidden = self.target.hidden_states(batch.ids.to(self.target_device), self.layer_ids)
-                if hidden.is_cuda:
-                    torch.cuda.current_stream(hidden.device).synchronize()  # consumers run on other threads
+                ready = mark(hidden)  # no host sync: each drafter's stream waits for this event instead
                 for rank in range(self.n):
                     sl = slice(rank * bs, (rank + 1) * bs)
-                    self._put(rank, Work(step, batch.ids[sl], batch.anchors[sl], hidden[sl]))
+                    self._put(rank, Work(step, batch.ids[sl], batch.anchors[sl], hidden[sl], ready))
                 info.step = step + 1
             for rank in range(self.n):
                 self._put(rank, None)
         except Aborted:
             pass
-        self.sup.set_state("coordinator", FINISHED)
 
     def _drafter(self, rank: int) -> None:
         name = f"drafter-{rank}"
@@ -243,15 +255,16 @@ class Trainer:
         info = self.sup.threads[name]
         self.sup.set_state(name, RUNNING)
         try:
-            while True:
-                item = self._get(rank)
-                if item is None:
-                    break
-                self.fault.check(name, item.step, self.sup.stop)
-                stop = self._train_step(rank, item)
-                info.step = item.step + 1
-                if stop:
-                    break
+            with thread_streams([self.devices[rank]], self.cfg.runtime.cuda_streams):
+                while True:
+                    item = self._get(rank)
+                    if item is None:
+                        break
+                    self.fault.check(name, item.step, self.sup.stop)
+                    stop = self._train_step(rank, item)
+                    info.step = item.step + 1
+                    if stop:
+                        break
         except Aborted:
             pass
         finally:

@@ -9,6 +9,7 @@ from trainer_harness import REPO, TINY
 
 from trainer.config import load_config
 from trainer.pipeline import AllReduce, Trainer
+from trainer.streams import mark, receive, thread_streams
 from trainer.supervise import Fault
 
 
@@ -109,3 +110,21 @@ def test_threads_crashing_at_once_leave_whole_standard_tracebacks_in_the_log(tmp
         assert lines[-1] == f"RuntimeError: boom from worker {i}"
         shapes.add(block.replace(f"drafter-{i}", "drafter-N").replace(f"worker {i}", "worker N"))
     assert len(shapes) == 1  # identical reports: nothing of one thread inside another's
+
+
+def test_stream_handoff_is_a_no_op_off_cuda():
+    t = torch.arange(4.0)
+    with thread_streams(["cpu", "cpu"]) as streams:
+        assert streams == []
+        assert mark(t) is None
+        assert receive(t, None, "cpu") is t
+
+
+def test_cuda_streams_setting_leaves_the_cpu_training_bit_identical(tmp_path):
+    finals = []
+    for flag in ("true", "false"):
+        trainer = Trainer(small_config(**{"runtime.cuda_streams": flag}), tmp_path / flag, fault=Fault(None))
+        assert trainer.cfg.runtime.cuda_streams is (flag == "true")
+        assert trainer.run() == 0
+        finals.append(trainer.replicas[0].state_dict())
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])

@@ -23,6 +23,7 @@ def test_seed_layout_splits_target_over_five_gpus_and_drafters_over_three():
     assert spread_layers(36, cfg["target"]["num_captured"]) == [1, 9, 17, 25, 33]
     assert 4096 % cfg["drafter"]["num_heads"] == 0
     assert cfg["runtime"]["cuda_graphs"] is True and cfg["runtime"]["attention"] == "auto"
+    assert cfg["runtime"]["cuda_streams"] is True
 
 
 def test_one_gpu_layout_shares_cuda0():
