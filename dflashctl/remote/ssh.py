@@ -5,8 +5,8 @@ Why it is built this way:
 - one client, many channels: every run/stream is a fresh `exec` channel on the same connection
   (status --watch and the property tests would otherwise pay a handshake per command);
 - `~/.ssh/config` is honoured the way OpenSSH does for the options we support (HostName, User,
-  Port, IdentityFile, ProxyJump, UserKnownHostsFile); hosts.toml values win over it, like
-  command-line options win in ssh(1);
+  Port, IdentityFile, ProxyJump, ProxyCommand, HostKeyAlias, UserKnownHostsFile); hosts.toml values
+  win over it, like command-line options win in ssh(1);
 - dead peers are found by the kernel: paramiko sends a keepalive every 5 s, and TCP_USER_TIMEOUT
   aborts the socket when those bytes go unacknowledged for 15 s (plus TCP keepalive probes), so
   a hung network turns into ConnectFailed instead of a command that waits forever;
@@ -71,9 +71,14 @@ class Endpoint:
     identity_files: tuple[str, ...]
     proxy_jump: str | None
     known_hosts: Path
+    proxy_command: str | None = None  # only when there is no ProxyJump (ProxyJump wins, as hosts.toml's does)
+    host_key_alias: str | None = None
 
     @property
     def known_hosts_name(self) -> str:
+        """The name its key is filed under in known_hosts: HostKeyAlias as is (ssh(1) adds no port to it)."""
+        if self.host_key_alias:
+            return self.host_key_alias
         return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
 
     def __str__(self) -> str:
@@ -122,9 +127,7 @@ def resolve(
     opts = cfg.lookup(alias)
     identities = [identity_file] if identity_file else []
     identities += [i for i in opts.get("identityfile", []) if i not in identities]
-    jump = proxy_jump or opts.get("proxyjump")
-    if jump and jump.strip().lower() == "none":
-        jump = None
+    jump = _unless_none(proxy_jump or opts.get("proxyjump"))
     env_kh = os.environ.get("DFLASHCTL_KNOWN_HOSTS")
     cfg_kh = (opts.get("userknownhostsfile") or "").split()
     known_hosts = env_kh or (cfg_kh[0] if cfg_kh else "~/.ssh/known_hosts")
@@ -136,7 +139,14 @@ def resolve(
         identity_files=tuple(os.path.expanduser(i) for i in identities),
         proxy_jump=jump,
         known_hosts=Path(os.path.expanduser(known_hosts)),
+        proxy_command=None if jump else _unless_none(opts.get("proxycommand")),
+        host_key_alias=opts.get("hostkeyalias"),
     )
+
+
+def _unless_none(value: str | None) -> str | None:
+    """ssh_config's `none` turns an inherited ProxyJump / ProxyCommand off."""
+    return None if value is None or value.strip().lower() == "none" else value
 
 
 def parse_jump(spec: str) -> list[tuple[str, str | None, int | None]]:
@@ -235,7 +245,7 @@ class SshTransport(Transport):
             if target.proxy_jump else []
         chain = [*hops, target]
         try:
-            sock: socket.socket | paramiko.Channel = self._tcp(chain[0])
+            sock: socket.socket | paramiko.Channel | paramiko.ProxyCommand = self._first_hop(chain[0])
             for i, ep in enumerate(chain):
                 client = self._handshake(ep, sock, chain[i - 1] if i else None)
                 self._clients.append(client)
@@ -244,6 +254,17 @@ class SshTransport(Transport):
         except BaseException:
             self._close_clients()
             raise
+
+    def _first_hop(self, ep: Endpoint) -> socket.socket | paramiko.ProxyCommand:
+        if not ep.proxy_command:
+            return self._tcp(ep)
+        from dflashctl.remote.proxycommand import ProxyCommand
+
+        try:
+            return ProxyCommand(ep.proxy_command)
+        except OSError as e:
+            raise ConnectFailed(f"host {self.host.name}: cannot start ProxyCommand `{ep.proxy_command}`: {e}",
+                                hint="check ProxyCommand in your ssh config") from None
 
     def _tcp(self, ep: Endpoint) -> socket.socket:
         where = f"host {self.host.name}: {ep.hostname}:{ep.port}"
@@ -282,8 +303,9 @@ class SshTransport(Transport):
         where = f"host {self.host.name}: {ep}" + (f" (via {via.hostname})" if via else "")
         keys = [k for k in ep.identity_files if os.path.exists(k)]  # ssh(1) skips missing config keys too
         try:
-            client.connect(
-                ep.hostname, port=ep.port, username=ep.user, sock=sock,
+            client.connect(  # over `sock`: the name and port only say which known_hosts entry to check
+                ep.host_key_alias or ep.hostname, port=22 if ep.host_key_alias else ep.port, username=ep.user,
+                sock=sock,
                 key_filename=keys or None,
                 look_for_keys=not keys,
                 allow_agent=bool(os.environ.get("SSH_AUTH_SOCK")),
@@ -313,7 +335,13 @@ class SshTransport(Transport):
                              hint="check `user` / `identity_file` in hosts.toml (or ~/.ssh/config) and the "
                                   "host's authorized_keys") from None
         except (paramiko.SSHException, EOFError, OSError) as e:
+            failure = getattr(sock, "failure", None)  # a ProxyCommand that exited says why
+            proxy_failed = failure() if failure else None
             client.close()
+            if proxy_failed:
+                raise ConnectFailed(f"{where}: {proxy_failed}",
+                                    hint="run the ProxyCommand by hand: it must connect its stdin/stdout to the "
+                                         "host's sshd") from None
             raise ConnectFailed(f"{where}: ssh handshake failed ({e or type(e).__name__})") from None
         t = client.get_transport()
         assert t is not None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import paramiko
@@ -23,6 +24,7 @@ from dflashctl.errors import (
     RemoteTimeout,
 )
 from dflashctl.model import Host
+from dflashctl.remote.proxycommand import ProxyCommand
 from dflashctl.remote.ssh import SshTransport, parse_jump
 
 
@@ -298,3 +300,75 @@ def test_a_missing_identity_file_is_an_authentication_error_naming_it(server: Ss
     with pytest.raises(AuthFailed, match="no_such_key does not exist"), \
             SshTransport(ssh_host(server, identity_file=str(missing))) as t:
         t.run(["true"])
+
+
+RELAY = Path(__file__).resolve().parents[1] / "harness" / "tcp_relay.py"
+
+
+def proxied_config(server: SshdServer, tmp_path: Path, proxy: str, extra: str = "") -> Path:
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host pve-proxied\n  HostName {server.address}\n  Port {server.port}\n  User root\n"
+                   f"  IdentityFile {server.client_key}\n  ProxyCommand {proxy}\n{extra}")
+    return cfg
+
+
+def test_proxy_command_from_ssh_config_carries_the_connection_through_a_shell(
+    server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `2>/dev/null` only works when the line goes through a shell, as ssh(1) runs it
+    cfg = proxied_config(server, tmp_path, f"{sys.executable} {RELAY} %h %p 2>/dev/null")
+    monkeypatch.setenv("DFLASHCTL_SSH_CONFIG", str(cfg))
+    before = logins(server)
+    with SshTransport(ssh_host(server, address="pve-proxied", port=None, user=None, identity_file=None)) as t:
+        for i in range(3):
+            assert t.run(["echo", f"proxied {i}"]).out == f"proxied {i}\n"
+        proxy = t._clients[-1].get_transport().sock
+        assert isinstance(proxy, ProxyCommand)
+        assert proxy.process.poll() is None
+    assert proxy.process.poll() is not None  # closing the transport ends the proxy process
+    assert logins(server) - before == 1
+
+
+def test_a_proxy_command_that_exits_is_one_connect_error_quoting_its_stderr(
+    server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = proxied_config(server, tmp_path, "sh -c 'echo \"bastion: no route to %h\" >&2; exit 3'")
+    monkeypatch.setenv("DFLASHCTL_SSH_CONFIG", str(cfg))
+    with pytest.raises(ConnectFailed) as exc, SshTransport(ssh_host(server, address="pve-proxied")) as t:
+        t.run(["true"])
+    assert f"exited with status 3: bastion: no route to {server.address}" in exc.value.message
+    assert exc.value.exit_code == ExitCode.NOT_FOUND and "\n" not in exc.value.message
+    assert "ProxyCommand" in exc.value.message and "by hand" in exc.value.hint
+
+
+def test_proxy_jump_wins_over_a_proxy_command_of_the_same_host(
+    server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = proxied_config(server, tmp_path, "false", extra=(
+        f"Host jumpbox\n  HostName {server.address}\n  Port {server.port}\n  User root\n"
+        f"  IdentityFile {server.client_key}\n"))
+    monkeypatch.setenv("DFLASHCTL_SSH_CONFIG", str(cfg))
+    with SshTransport(ssh_host(server, address="pve-proxied", proxy_jump="jumpbox")) as t:
+        assert t.run(["echo", "jumped"]).out == "jumped\n"
+        assert isinstance(t._clients[-1].get_transport().sock, paramiko.Channel)
+
+
+def test_host_key_alias_names_the_known_hosts_entry_checked_and_learned(
+    server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host_pub = server.host_key.with_suffix(".pub").read_text().split()[1]
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host {server.address}\n  HostKeyAlias pve1-ct200\n")
+    monkeypatch.setenv("DFLASHCTL_SSH_CONFIG", str(cfg))
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"pve1-ct200 ssh-ed25519 {host_pub}\n")  # filed under the alias only, no [addr]:port line
+    monkeypatch.setenv("DFLASHCTL_KNOWN_HOSTS", str(kh))
+    with SshTransport(ssh_host(server)) as t:
+        assert t.run(["true"]).ok
+    kh.write_text(f"[{server.address}]:{server.port} ssh-ed25519 {host_pub}\n")  # under the address: not the alias
+    with pytest.raises(HostKeyError, match="not in"), SshTransport(ssh_host(server)) as t:
+        t.run(["true"])
+    kh.write_text("")
+    with SshTransport(ssh_host(server, accept_new_host_key=True)) as t:
+        assert t.run(["true"]).ok
+    assert kh.read_text() == f"pve1-ct200 ssh-ed25519 {host_pub}\n"
