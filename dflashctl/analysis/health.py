@@ -37,6 +37,7 @@ class ProcessState:
     exit_code: int | None = None
     stopped: bool = False  # stopped by the user (`dflashctl stop`)
     started_at: float | None = None
+    ending: bool = False  # alive, but the trainer has exited: its supervisor is reaping the group (probe `ending`)
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,9 @@ def judge(ev: Evidence, thresholds: Thresholds = Thresholds()) -> Health:
                        + ("process alive" if proc.alive else "process state unknown (offline)"))
     else:
         verdict, why = _liveness(ev, gpus, progress, since, t)
+        if proc.ending:  # not lost: the exit code comes once the rest of the group is gone
+            reasons.append("the trainer has exited; its supervisor is ending the rest of its process group "
+                           "before it records the exit code")
         reasons += why
 
     idle_alloc = [g.index for g in gpus if g.finding == GpuFinding.IDLE_ALLOCATED]

@@ -31,6 +31,7 @@ class RunInfo:
     last_step: int | None = None
     log_size: int | None = None
     ended_at: float | None = None  # when exit_code was written (container clock)
+    ending: bool = False  # alive, but the trainer has exited: its supervisor is reaping the group (no exit code yet)
 
     @property
     def log_path(self) -> str:
@@ -65,7 +66,8 @@ class RunInfo:
         meta = self.meta or {}
         return {
             "id": self.id, "name": meta.get("name"), "dir": self.dir, "pid": self.pid, "alive": self.alive,
-            "exit_code": self.exit_code, "stopped": self.stopped, "verdict": str(self.verdict(now)),
+            "ending": self.ending, "exit_code": self.exit_code, "stopped": self.stopped,
+            "verdict": str(self.verdict(now)),
             "started_at": meta.get("started_at"), "last_step": self.last_step, "log_path": self.log_path,
             "duration_s": None if now is None else self.duration_s(now),
         }
@@ -80,7 +82,7 @@ def run_from_probe(doc: dict[str, Any]) -> RunInfo:
         id=doc["id"], dir=doc["dir"], pid=doc.get("pid"), alive=bool(doc.get("alive")),
         exit_code=doc.get("exit_code"), stopped=bool(doc.get("stopped")), meta=doc.get("meta"),
         heartbeat=hb, errors=doc.get("errors") or {}, last_step=step, log_size=doc.get("log_size"),
-        ended_at=doc.get("ended_at"),
+        ended_at=doc.get("ended_at"), ending=bool(doc.get("ending")),
     )
 
 

@@ -250,17 +250,21 @@ def confirm(target: Target, run_id: str, within_s: float = CONFIRM_S) -> RunInfo
                 dead_since = dead_since or time.monotonic()
                 if time.monotonic() - dead_since > 2.0:
                     break
-            if info.alive and doc.get("log") is not None and time.monotonic() - start >= ALIVE_FOR_S:
+            # an ending run's trainer already exited: wait for the exit code its supervisor records after the reaping
+            started = info.alive and not info.ending and doc.get("log") is not None
+            if started and time.monotonic() - start >= ALIVE_FOR_S:
                 return info
             if time.monotonic() > deadline:
                 break
     finally:
         stream.close()
     first = "\n".join(head.decode("utf-8", "replace").splitlines()[:20])
-    if info.alive:  # alive but no train.log: the one thing that must never happen
+    if info.alive and not info.ending:  # alive but no train.log: the one thing that must never happen
         raise LaunchFailed(f"run {run_id}: process alive but {info.log_path} is missing", log_head=first,
                            run_id=run_id)
-    why = f"exited with code {info.exit_code}" if info.exit_code is not None else "never started"
+    why = (f"exited with code {info.exit_code}" if info.exit_code is not None
+           else "exited (its supervisor is still stopping leftovers of its process group)" if info.ending
+           else "never started")
     raise LaunchFailed(f"run {run_id} {why} within {time.monotonic() - start:.1f}s of launch", log_head=first,
                        run_id=run_id, hint=f"whole log: dflashctl logs {run_id}")
 
@@ -307,7 +311,7 @@ def wait(target: Target, run_id: str, what: WaitFor, timeout_s: float | None,
                 pending = pending[-4096:]
             drained = (doc.get("log") or {}).get("next_offset", 0) >= (doc.get("log") or {}).get("size", 0)
             ended = not info.alive and (info.exit_code is not None or info.pid is not None)
-            if what == "started" and info.alive:
+            if what == "started" and info.alive and not info.ending:
                 return WaitResult(True, info, None, time.monotonic() - start)
             if ended and drained:
                 return WaitResult(what == "exit", info, None, time.monotonic() - start)

@@ -64,7 +64,7 @@ class StatusView:
             "host": self.host,
             "run": None if not self.run else {
                 "id": run.get("id"), "dir": run.get("dir"), "pid": run.get("pid"), "alive": run.get("alive"),
-                "exit_code": run.get("exit_code"), "stopped": run.get("stopped"),
+                "ending": bool(run.get("ending")), "exit_code": run.get("exit_code"), "stopped": run.get("stopped"),
             },
             "time": self.time,
             "uptime_s": self.uptime_s,
@@ -173,7 +173,8 @@ class Watcher:
         process = ProcessState()
         if run:
             process = ProcessState(alive=bool(run.get("alive")), exit_code=run.get("exit_code"),
-                                   stopped=bool(run.get("stopped")), started_at=_started_at(run))
+                                   stopped=bool(run.get("stopped")), started_at=_started_at(run),
+                                   ending=bool(run.get("ending")))
         ev = Evidence(now=now, process=process, log=report, sweeps=list(self.sweeps),
                       errors=(run or {}).get("errors") or {}, heartbeat=hb if isinstance(hb, dict) else None,
                       last_progress_time=progress_time)

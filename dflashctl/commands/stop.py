@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from dflashctl.commands.runs import get_run
@@ -20,12 +21,19 @@ class StopResult:
     gpu_released_mib: dict[int, float] | None  # per GPU index, where GPUs exist
 
 
+ENDING_WAIT_S = 15.0  # the supervisor's grace + kill wait for leftovers of the group, with margin
+
+
 class NotRunning(DflashError):
     exit_code = ExitCode.USAGE
 
 
 def stop(target: Target, run: str | None, *, grace_s: float = 30.0) -> StopResult:
     info, before = get_run(target, run, gpus=True)
+    deadline = time.monotonic() + ENDING_WAIT_S
+    while info.ending and time.monotonic() < deadline:  # already ending by itself: report how it ended
+        time.sleep(0.25)
+        info, before = get_run(target, info.id, gpus=True)
     if not info.alive:
         if info.exit_code is None:
             state = "is not running (no live process and no exit code: lost)"

@@ -8,9 +8,11 @@ Two modes, one file:
   stderr on train.log and every other fd closed, so `pct exec` / ssh return at once. It prints one
   framed line `DFLASH-RESULT <json>` (run id, dir, pid) and exits.
 * supervise (`python3 <run-dir>/launcher.py supervise <run-dir>`, exec'd with DFLASH_RUN_ID in its
-  environment): starts the trainer as the leader of its own process group, writes `pid`, forwards
-  SIGTERM to the group, waits, cleans up leftovers of the group and writes `exit_code`
-  atomically, so a crash is recorded though nobody is attached.
+  environment): writes its own pid to `supervisor.pid`, starts the trainer as the leader of its
+  own process group, writes `pid`, forwards SIGTERM to the group, waits, cleans up leftovers of the
+  group and writes `exit_code` atomically, so a crash is recorded though nobody is attached.
+  Readers count the run alive until `exit_code` while the supervisor lives, so the seconds spent
+  reaping leftovers never look like a lost run.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 FRAME = "DFLASH-RESULT "
 MARKER = "DFLASH_RUN_ID"
 GROUP_GRACE_S = 5.0
+KILL_WAIT_S = 5.0
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -141,23 +144,58 @@ def _wait_for_pid(run_dir: str, child: int, timeout: float) -> tuple[int | None,
 
 
 def _live_latest(runs_dir: str) -> str | None:
-    """The latest run's id if its recorded pid is alive and still carries its marker."""
+    """The latest run's id while it is alive, by the probe's rule (pieces/runstate.py `liveness`): its
+    recorded pid lives and carries its marker; or, until its exit code is recorded, its supervisor or
+    a marked process of the trainer's group still does (it is ending: leftovers being reaped)."""
     try:
         run_id = os.path.basename(os.readlink(os.path.join(runs_dir, "latest")))
     except OSError:
         return None
-    pid = _read_int(os.path.join(runs_dir, run_id, "pid"))
-    if pid is None:
+    run_dir = os.path.join(runs_dir, run_id)
+    pid = _read_int(os.path.join(run_dir, "pid"))
+    if _ours(pid, run_id):
+        return run_id
+    if _read_int(os.path.join(run_dir, "exit_code")) is not None:
         return None
+    if _ours(_read_int(os.path.join(run_dir, "supervisor.pid")), run_id) or _group_marked(pid, run_id):
+        return run_id
+    return None
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat after the command name: [state, ppid, pgrp, ...]."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
-                return None
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _ours(pid: int | None, run_id: str) -> bool:
+    """pid is alive (not defunct) and carries run_id's marker (a reused pid carries another)."""
+    if not pid:
+        return False
+    fields = _stat_fields(pid)
+    if not fields or fields[0] in (b"Z", b"X"):
+        return False
+    try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = f.read().split(b"\0")
     except OSError:
-        return None
-    return run_id if f"{MARKER}={run_id}".encode() in env else None
+        return False
+    return f"{MARKER}={run_id}".encode() in env
+
+
+def _group_marked(pgid: int | None, run_id: str) -> bool:
+    """Some live process of group pgid carries run_id's marker."""
+    if not pgid:
+        return False
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat_fields(int(name))
+            if fields and len(fields) > 2 and fields[2] == str(pgid).encode() and _ours(int(name), run_id):
+                return True
+    return False
 
 
 def _read_int(path: str) -> int | None:
@@ -184,6 +222,8 @@ def supervise(run_dir: str) -> int:
     with open(os.path.join(run_dir, "launch.json")) as f:
         spec = json.load(f)
     exit_path = os.path.join(run_dir, "exit_code")
+    with contextlib.suppress(OSError):  # only a liveness hint: never a reason to leave no exit_code
+        _write_atomic(os.path.join(run_dir, "supervisor.pid"), f"{os.getpid()}\n".encode())
     try:
         proc = subprocess.Popen(spec["argv"], cwd=spec["cwd"], stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as e:
@@ -210,21 +250,34 @@ def supervise(run_dir: str) -> int:
 
 
 def _reap_group(pgid: int) -> int:
-    """After the leader exits, nothing of the run may linger: SIGTERM the group, grace, SIGKILL."""
+    """After the leader exits, nothing of the run may linger: SIGTERM the group, grace, SIGKILL, and
+    wait until no member is left alive (a signal is delivered after kill() returns), so that
+    `exit_code` present means the whole group is gone. Defunct members count as gone."""
     try:
         os.killpg(pgid, signal.SIGTERM)
     except OSError:
         return 0
     deadline = time.time() + GROUP_GRACE_S
     while time.time() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except OSError:
+        if not _group_live(pgid):
             return 1
         time.sleep(0.1)
     with contextlib.suppress(OSError):
         os.killpg(pgid, signal.SIGKILL)
+    end = time.time() + KILL_WAIT_S  # only a process stuck in the kernel (state D) outlives this
+    while _group_live(pgid) and time.time() < end:
+        time.sleep(0.02)
     return 1
+
+
+def _group_live(pgid: int) -> bool:
+    """Some process of group pgid is alive (not defunct)."""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat_fields(int(name))
+            if fields and len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] not in (b"Z", b"X"):
+                return True
+    return False
 
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "supervise":

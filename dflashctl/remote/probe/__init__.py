@@ -8,7 +8,9 @@ Arguments: --workspace W [--run RUN|latest] [--log-offset N] [--log-inode I] [--
 [--gpus] [--procs [--pid P ...]] [--runs] [--host-gpu-procs CTID] [--watch --interval S].
 Fields (the contract with `status`): probe_version, time, hostname, run, log, gpus, procs; and,
 added for the lifecycle verbs: run_requested (what --run asked for), disk {path, free_mib,
-total_mib}, run.ended_at (mtime of exit_code), procs[].starttime (clock ticks, for pid reuse),
+total_mib}, run.ended_at (mtime of exit_code), run.ending and run.supervisor_pid (run.alive stays
+true after the trainer exits while its supervisor or a marked process of its group lives, until
+exit_code exists; ending says the trainer itself is gone), procs[].starttime (clock ticks, for pid reuse),
 run_ids (with --procs: this workspace's run directories), runs (with --runs: every run's state
 plus log_size and last_step), host_gpu_procs (with --host-gpu-procs, run on the Proxmox host:
 {csv, procs: [{pid, ns_pid, used_memory_mib, gpu_uuid, in_container}], error}).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from .util import read_int, read_json, run_alive  # probe:strip
+from .util import group_alive, read_int, read_json, run_alive  # probe:strip
 
 
 def resolve_run(runs_dir: str, run: str) -> tuple[str, str] | None:
@@ -21,8 +21,30 @@ def resolve_run(runs_dir: str, run: str) -> tuple[str, str] | None:
     return (run, path) if os.path.isdir(path) else None
 
 
-def run_state(run_id: str, run_dir: str) -> dict:
+def liveness(run_id: str, run_dir: str, pid: int | None, exit_code: int | None,
+             cache: dict | None = None) -> tuple[bool, bool, int | None]:
+    """(alive, ending, supervisor pid). A run is alive while its trainer (the recorded pid) is, and,
+    until its exit code is recorded, while its supervisor or any marked process of the trainer's
+    group lives: between the trainer's exit and `exit_code` the supervisor is still reaping the
+    group, and that run is ending, not lost. `ending`: alive, but the trainer itself is gone.
+    Runs started by a launcher that wrote no supervisor.pid fall back to the group alone.
+    cache: see util.group_alive."""
+    sup = read_int(os.path.join(run_dir, "supervisor.pid"))
+    if run_alive(pid, run_id):
+        return True, False, sup
+    if exit_code is not None:  # recorded: the supervisor's last moments, or a stale file, do not count
+        return False, False, sup
+    if run_alive(sup, run_id) or group_alive(pid, run_id, cache):
+        return True, pid is not None, sup
+    return False, False, sup
+
+
+def run_state(run_id: str, run_dir: str, cache: dict | None = None) -> dict:
     pid = read_int(os.path.join(run_dir, "pid"))
+    exit_code = read_int(os.path.join(run_dir, "exit_code"))
+    alive, ending, sup = liveness(run_id, run_dir, pid, exit_code, cache)
+    if not alive and exit_code is None:  # the supervisor writes it before it exits: one that just did is seen
+        exit_code = read_int(os.path.join(run_dir, "exit_code"))
     errors = {}
     err_dir = os.path.join(run_dir, "errors")
     try:
@@ -37,8 +59,10 @@ def run_state(run_id: str, run_dir: str) -> dict:
         "dir": run_dir,
         "meta": read_json(os.path.join(run_dir, "meta.json")),
         "pid": pid,
-        "alive": run_alive(pid, run_id),
-        "exit_code": read_int(os.path.join(run_dir, "exit_code")),
+        "alive": alive,
+        "ending": ending,
+        "supervisor_pid": sup,
+        "exit_code": exit_code,
         "ended_at": _mtime(os.path.join(run_dir, "exit_code")),
         "stopped": os.path.exists(os.path.join(run_dir, "stopped")),
         "heartbeat": read_json(os.path.join(run_dir, "heartbeat.json")),
@@ -62,11 +86,12 @@ def list_runs(runs_dir: str) -> list[dict]:
     except OSError:
         return []
     out = []
+    cache: dict = {}  # one /proc pass for every run that needs the group rule
     for name in sorted(names, reverse=True):
         path = os.path.join(runs_dir, name)
         if name == "latest" or name.startswith(".") or os.path.islink(path) or not os.path.isdir(path):
             continue
-        state = run_state(name, path)
+        state = run_state(name, path, cache)
         log = os.path.join(path, "train.log")
         state["log_size"] = _size(log)
         state["last_step"] = last_step(log)

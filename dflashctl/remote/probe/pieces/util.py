@@ -91,3 +91,30 @@ def run_alive(pid: int | None, run_id: str) -> bool:
     if st is None or st["state"] in ("Z", "X"):
         return False
     return proc_marker(pid) == run_id
+
+
+def live_groups() -> dict:
+    """pgid -> pids of the live (not defunct) processes in it: one pass over /proc/*/stat."""
+    groups: dict = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return groups
+    for name in names:
+        if name.isdigit():
+            st = proc_stat(int(name))
+            if st is not None and st["state"] not in ("Z", "X"):
+                groups.setdefault(st["pgid"], []).append(int(name))
+    return groups
+
+
+def group_alive(pgid: int | None, run_id: str, cache: dict | None = None) -> bool:
+    """Some live process of process group pgid carries this run's marker: what the trainer left
+    behind while its supervisor reaps the group. cache: share one /proc pass among many runs
+    (`runs` lists them all); the markers are read only for members of the group."""
+    if not pgid:
+        return False
+    cache = {} if cache is None else cache
+    if "groups" not in cache:
+        cache["groups"] = live_groups()
+    return any(proc_marker(pid) == run_id for pid in cache["groups"].get(pgid, ()))

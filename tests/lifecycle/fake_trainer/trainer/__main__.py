@@ -1,8 +1,10 @@
 """Entry point of the stand-in trainer (see __init__.py).
 
 Modes: train (steps until `steps`, SIGTERM -> exit 143), ignore-term (trains, ignores SIGTERM: only
-SIGKILL ends it), exit-at-once (prints an error, exit 3), crash-threads (after `delay_s`, three
-drafter threads raise; their tracebacks go to the log and errors/<thread>.json; exit 1).
+SIGKILL ends it; so do its `children`, which therefore outlive it), exit-at-once (prints an error,
+exit 3), crash-threads (after `delay_s`, three drafter threads raise; their tracebacks go to the log
+and errors/<thread>.json; exit 1).
+`stop_file`: train / ignore-term end (exit 0) once that file exists.
 """
 
 import argparse
@@ -62,7 +64,10 @@ def main():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
                 for _ in range(int(cfg.get("children", 0)))]
+    stop_file = cfg.get("stop_file")
     for step in range(1, int(cfg.get("steps", 10**9)) + 1):
+        if stop_file and os.path.exists(stop_file):
+            break  # told to finish now: ends like a completed run (exit 0)
         if stop.wait(float(cfg.get("step_s", 0.2))):
             print("trainer: SIGTERM received, checkpoint written, exiting", flush=True)
             return 143
