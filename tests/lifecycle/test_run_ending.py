@@ -70,16 +70,22 @@ def stopped(pid: int) -> Iterator[None]:
             os.kill(pid, signal.SIGCONT)
 
 
-def test_one_shot_readers_see_an_ending_run_alive_until_its_exit_code_is_written(local_host, cli, tmp_path):
+def launch_lingering(cli, tmp_path: Path, name: str) -> tuple[str, int, int, Path, Path]:
+    """A run whose trainer ends (exit 0) once `release` exists and whose child ignores SIGTERM, so its
+    supervisor has a group to reap. Returns (run id, trainer pid, supervisor pid, release file, config)."""
     release = tmp_path / "finish-now"
     cfg = write_config(tmp_path / "linger.toml", mode="ignore-term", children=1, step_s=0.05,
                        stop_file=str(release))
-    launched = cli("launch", "--source", str(FAKE_TRAINER), "--config", str(cfg), "--name", unique("linger"),
+    launched = cli("launch", "--source", str(FAKE_TRAINER), "--config", str(cfg), "--name", unique(name),
                    "--wait-for", "step", "--json")
     assert launched.code == 0, launched.err
     run_id, pid = launched.json()["run_id"], launched.json()["pid"]
+    return run_id, pid, ppid_of(pid), release, cfg
+
+
+def test_one_shot_readers_see_an_ending_run_alive_until_its_exit_code_is_written(local_host, cli, tmp_path):
+    run_id, pid, supervisor, release, cfg = launch_lingering(cli, tmp_path, "linger")
     rd = local_host.workspace_dir / "runs" / run_id
-    supervisor = ppid_of(pid)
     assert marker_of(supervisor) == run_id
     wait_until(lambda: len(group_members(pid)) == 2, what="the trainer and its child in one group")
     (child,) = [p for p in group_members(pid) if p != pid]
@@ -221,14 +227,7 @@ def test_health_says_an_ending_run_is_reaping_its_group_not_lost():
 
 def test_stop_of_an_ending_run_waits_for_its_exit_code_and_says_how_it_ended(local_host, cli, tmp_path,
                                                                               monkeypatch):
-    release = tmp_path / "finish-now"
-    cfg = write_config(tmp_path / "linger.toml", mode="ignore-term", children=1, step_s=0.05,
-                       stop_file=str(release))
-    launched = cli("launch", "--source", str(FAKE_TRAINER), "--config", str(cfg), "--name", unique("ending"),
-                   "--wait-for", "step", "--json")
-    assert launched.code == 0, launched.err
-    run_id, pid = launched.json()["run_id"], launched.json()["pid"]
-    supervisor = ppid_of(pid)
+    run_id, pid, supervisor, release, _ = launch_lingering(cli, tmp_path, "ending")
     seen_ending = threading.Event()
     real_get_run = stop_command.get_run
 
