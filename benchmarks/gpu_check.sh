@@ -16,16 +16,20 @@
 #   strategy off          eager, attention = sdpa (eager flex_attention is not a training path)
 #            warmup       torch.compile warm-up on the main thread, flex_attention (attention = auto on CUDA)
 #            warmup+graphs  the same + runtime.cuda_graphs = true (inductor CUDA graph trees, per thread)
-#   plus tiny warmup+graphs with 2 drafter threads on cuda:0 (thread-local CUDA graph capture under threads), and
-#   per-thread CUDA streams (runtime.cuda_streams, default on) against every thread on the default stream:
+#   plus per-thread CUDA streams (runtime.cuda_streams, default on) against every thread on the default stream:
 #   tiny warmup with 2 drafter threads and mid warmup, each with cuda_streams = false (tok/s vs the same run with
-#   streams in the "tok/s vs streams" column).
+#   streams in the "tok/s vs streams" column). No graphs run with 2 drafter threads on one GPU: the trainer turns
+#   cuda_graphs off on a device that several drafter threads share (trainer/compile.py compile_mode says why), so
+#   it would repeat "tiny warmup 2 threads".
 # Per run: exit code, warm-up (compile) seconds, steady step ms (median over the second half), tok/s, recompiles
 # after warm-up, peak CUDA memory, last loss. Writes the table to benchmarks/results/gpu_check.md and, when $OUT is
-# set (the device tool's output folder), to $OUT/gpu_check.md with every run's log under $OUT/logs/.
+# set (the device tool's output folder), to $OUT/gpu_check.md, with every run's log in $OUT/gpu_check_logs.tar.gz
+# (one archive, refreshed after each run: the tool returns at most 8 files, none with '+' in its name, and what is
+# under $OUT when a run is cut off at its time limit).
 # Budget: each run is killed after RUN_TIMEOUT_S (default 150 s); runs still queued when TOTAL_BUDGET_S (default
 # 420 s) is spent are listed as skipped, so the script finishes within ~8 minutes on an H200 even if compiles are
-# slow. Needs torch (2.13, CUDA build) importable by $PYTHON (default: .venv/bin/python, else python3).
+# slow. Needs a CUDA build of torch importable by $PYTHON (default: .venv/bin/python, else python3); the code was read
+# against torch 2.13, the lent H200 image has had 2.11 (the table's header line prints the version that ran).
 set -u -o pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -47,8 +51,7 @@ RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-150}
 TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-420}
 STEPS=${STEPS:-300}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
-LOGS=${OUT:+$OUT/logs}
-LOGS=${LOGS:-$WORK/logs}
+LOGS=$WORK/logs
 mkdir -p "$LOGS" benchmarks/results
 export TORCHINDUCTOR_CACHE_DIR="$WORK/inductor"  # cold cache: the first compiling run of each config pays the build
 
@@ -139,7 +142,6 @@ RUNS=(
   "mid off|mid|1|--set runtime.compile_strategy=off --set runtime.attention=sdpa"
   "mid warmup|mid|1|--set runtime.compile_strategy=warmup"
   "mid warmup+graphs|mid|1|--set runtime.compile_strategy=warmup --set runtime.cuda_graphs=true"
-  "tiny warmup+graphs 2 threads|tiny|2|--set runtime.compile_strategy=warmup --set runtime.cuda_graphs=true"
   "tiny warmup 2 threads|tiny|2|--set runtime.compile_strategy=warmup"
   "tiny warmup 2 threads default stream|tiny|2|--set runtime.compile_strategy=warmup --set runtime.cuda_streams=false"
   "mid warmup default stream|mid|1|--set runtime.compile_strategy=warmup --set runtime.cuda_streams=false"
@@ -152,7 +154,7 @@ i=0
 for spec in "${RUNS[@]}"; do
   IFS='|' read -r name cfg ndraft extra <<< "$spec"
   i=$((i + 1))
-  log="$LOGS/$(printf '%02d' "$i")-${name// /_}.log"
+  log="$LOGS/$(printf '%02d' "$i")-$(printf '%s' "$name" | tr -c 'A-Za-z0-9._-' '_').log"
   run_dir="$WORK/run-$i"
   used=$(( $(date +%s) - START ))
   if [ "$used" -ge "$TOTAL_BUDGET_S" ]; then
@@ -174,6 +176,7 @@ for spec in "${RUNS[@]}"; do
   wall=$(( ($(date +%s%N) - t0) / 1000000 ))
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$cfg" "$rc" "$log" "$run_dir" "$wall" >> "$RESULTS"
   echo "    rc=$rc wall=$((wall / 1000))s" >&2
+  if [ -n "${OUT:-}" ]; then tar -czf "$OUT/gpu_check_logs.tar.gz" -C "$WORK" logs results.tsv; fi
 done
 
 # ---- table ---------------------------------------------------------------------------------------------------
@@ -247,7 +250,8 @@ try:
 except (OSError, subprocess.TimeoutExpired):
     smi = "nvidia-smi not available"
 print(f"nvidia-smi: {smi}\n")
-print("Logs: " + (f"$OUT/logs/ of the device run" if out else "the work directory (temporary)") + ".")
+print("Logs: " + ("gpu_check_logs.tar.gz in $OUT of the device run" if out else "the work directory (temporary)")
+      + ".")
 EOF
 rc=$?
 cat "$WORK/gpu_check.md"

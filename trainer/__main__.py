@@ -44,6 +44,18 @@ def unavailable_devices(devices: list[str]) -> list[str]:
     return sorted({d for d in devices if d.startswith("cuda") and int(d.partition(":")[2] or 0) >= count})
 
 
+def device_problem(devices: list[str]) -> str | None:
+    """What is wrong with a device list given on a command line (a bad name, or a GPU this machine lacks), as one
+    line; None when every device is usable. For the CLIs whose devices bypass the config's validation."""
+    for d in devices:
+        if not (d in ("cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())):
+            return f"bad device {d!r} (cpu, cuda or cuda:N)"
+    missing = unavailable_devices(devices)
+    if missing:
+        return f"devices not available on this machine: {', '.join(missing)} ({cuda_count()} CUDA devices visible)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from trainer.config import ConfigError, load_config  # no torch import: a bad config fails in milliseconds

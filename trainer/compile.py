@@ -54,14 +54,36 @@ def apply_thread_settings(rt: RuntimeConfig) -> None:
     torch._dynamo.config.assume_static_by_default = True
 
 
-def build_step_fn(rt: RuntimeConfig, device: str) -> StepFn:
-    """One step function per process (dynamo caches per code object; replicas share graphs per device)."""
+def compile_mode(rt: RuntimeConfig, device: str, threads_on_device: int = 1) -> str | None:
+    """torch.compile's mode for the drafter threads on `device`: "reduce-overhead" (inductor CUDA graph trees) only
+    when `runtime.cuda_graphs` is set, the device is CUDA and exactly one drafter thread uses it.
+
+    Why not with two drafter threads on one device: the compiled backward runs on the autograd engine's single
+    worker thread for that device, and inductor caches its CUDA-graph wrapper per Python thread
+    (`thread_local.compiled_fn` in torch/_inductor/compile_fx.py `cudagraphify`; a process-wide `nonlocal` in older
+    releases), bound to the tree of whichever thread ran the first backward. Both drafters' backwards would then
+    replay one recorded graph whose outputs (the gradients) live at fixed addresses: the second replay can overwrite
+    the first thread's gradients while that thread still reads them for the all-reduce."""
+    if not (rt.cuda_graphs and device.startswith("cuda")):
+        return None
+    return "reduce-overhead" if threads_on_device == 1 else None
+
+
+def threads_per_device(devices: list[str]) -> dict[str, int]:
+    """Drafter threads per device string, "cuda" counted as "cuda:0" (the same GPU)."""
+    def key(d: str) -> str:
+        return "cuda:0" if d == "cuda" else d
+
+    return {d: sum(key(e) == key(d) for e in devices) for d in devices}
+
+
+def build_step_fn(rt: RuntimeConfig, device: str, threads_on_device: int = 1) -> StepFn:
+    """One step function per device (dynamo caches per code object; replicas on one device share its graphs)."""
     if rt.compile_strategy == "off":
         return drafter_forward
-    mode = "reduce-overhead" if rt.cuda_graphs and device.startswith("cuda") else None
-    # reduce-overhead = inductor CUDA graph trees: one tree per thread, captured with
+    # reduce-overhead = inductor CUDA graph trees: the forward's tree is per calling thread, captured with
     # capture_error_mode="thread_local" so one thread's capture does not fail another thread's CUDA calls.
-    return torch.compile(drafter_forward, mode=mode)
+    return torch.compile(drafter_forward, mode=compile_mode(rt, device, threads_on_device))
 
 
 class CompileCounter:

@@ -126,7 +126,8 @@ class RuntimeConfig:
     heartbeat_interval_s: float = 2.0
     recompile_limit: int = 8
     cuda_graphs: bool = False
-    """CUDA only: compile with mode='reduce-overhead' (per-thread CUDA graph trees, thread_local capture)."""
+    """CUDA only: compile with mode='reduce-overhead' on each device that one drafter thread uses alone
+    (trainer/compile.py compile_mode says why not on a shared one)."""
     cuda_streams: bool = True
     """CUDA only: every worker thread on its own streams (trainer/streams.py); false = the default stream."""
 

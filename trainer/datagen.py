@@ -403,8 +403,15 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     settings = GenSettings(args.max_new_tokens, args.sample, args.temperature, args.top_p, args.seed,
                            args.shard_size, args.batch_size)
+    from trainer.__main__ import device_problem
+
+    devices = _devices(args.devices)
+    problem = device_problem(devices) if devices else "--devices names no device"
+    if problem:  # before the checkpoint loads: not a CUDA traceback from deep inside it
+        print(f"generate: error: {problem}", file=sys.stderr)
+        return 2
     try:
-        meta = generate_dataset(args.target, args.prompts, args.out, settings, _devices(args.devices), args.limit)
+        meta = generate_dataset(args.target, args.prompts, args.out, settings, devices, args.limit)
     except DataError as e:
         print(f"generate: error: {e}", file=sys.stderr)
         return 2

@@ -187,6 +187,16 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
+def check_devices(devices: list[str]) -> None:
+    """A bad or missing device is one line before any model loads (otherwise: a CUDA assertion traceback, or an
+    'invalid device ordinal' RuntimeError reported as weights that do not fit)."""
+    from trainer.__main__ import device_problem
+
+    problem = device_problem(devices)
+    if problem:
+        raise EvalError(problem)
+
+
 def build_for_eval(cfg: Any, device: str, drafter_state: dict[str, Any] | None) -> tuple[Any, Any, list[int]]:
     """(target, drafter, layer_ids). Without a state the drafter is the trainer's step-0 initialisation."""
     from trainer.hf import build_target, sync_target_config
@@ -266,6 +276,7 @@ def run(args: argparse.Namespace) -> tuple[EvalReport, dict[str, Any]]:
             cfg.target.path = args.target
         if args.target_devices:
             cfg.devices.target = [d.strip() for d in args.target_devices.split(",") if d.strip()]
+        check_devices([args.device, *cfg.devices.target])
         target, drafter, layer_ids = build_for_eval(cfg, args.device, weights)
         tokenizer = None
         if cfg.target.path:

@@ -22,8 +22,10 @@ from trainer.compile import (
     CompileCounter,
     apply_thread_settings,
     build_step_fn,
+    compile_mode,
     flex_attend,
     resolve_attention,
+    threads_per_device,
 )
 from trainer.config import Config, TrainConfig
 from trainer.data import MarkovData
@@ -153,7 +155,13 @@ class Trainer:
         self.opts = [torch.optim.AdamW(r.parameters(), lr=tr.lr, betas=(0.9, 0.95), weight_decay=tr.weight_decay)
                      for r in self.replicas]
         self.weights = {d: position_weights(cfg.drafter.block_size, cfg.gamma, d) for d in set(self.devices)}
-        self.step_fns = {d: build_step_fn(rt, d) for d in set(self.devices)}
+        per_dev = threads_per_device(self.devices)
+        self.step_fns = {d: build_step_fn(rt, d, n) for d, n in per_dev.items()}
+        self.notes = [f"cuda_graphs: off on {d}: {n} drafter threads share it (one autograd thread would replay "
+                      "one backward graph for all of them; see trainer/compile.py compile_mode)"
+                      for d, n in sorted(per_dev.items())
+                      if rt.cuda_graphs and rt.compile_strategy != "off" and d.startswith("cuda")
+                      and compile_mode(rt, d, n) is None]
         self.queues: list[queue.Queue[Work | None]] = [queue.Queue(maxsize=tr.queue_depth) for _ in self.devices]
         self.allreduce = AllReduce(list(range(self.n)))
         self.counter = CompileCounter()
@@ -339,6 +347,8 @@ class Trainer:
              f"compile_strategy={rt.compile_strategy} attention={','.join(sorted(set(self.attention)))} "
              f"target_layers={self.layer_ids} drafter_params={n_params} block_size={cfg.drafter.block_size} "
              f"drafter_compute={str(self.replicas[0].compute_dtype).removeprefix('torch.')}")
+        for note in self.notes:
+            emit(note)
         if self.resume:
             self._restore()
         self._phase = "warmup"

@@ -38,6 +38,7 @@ class _Nvml:
 
     def __init__(self) -> None:
         self.ok = False
+        self.handles: dict[int, Any] = {}
         try:
             import pynvml
 
@@ -46,11 +47,30 @@ class _Nvml:
         except Exception:
             self.ok = False
 
+    def handle(self, cuda_index: int) -> Any:
+        """NVML's handle for torch's `cuda:N`. NVML numbers every GPU of the machine (ignoring
+        CUDA_VISIBLE_DEVICES, and in PCI order where CUDA defaults to fastest-first), so `N` is not NVML's index:
+        match the device's UUID, else let torch translate through CUDA_VISIBLE_DEVICES."""
+        import torch
+
+        try:
+            uuid = str(torch.cuda.get_device_properties(cuda_index).uuid)
+            return self.nv.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+        except Exception:
+            pass
+        try:
+            return self.nv.nvmlDeviceGetHandleByIndex(torch.cuda._get_nvml_device_index(cuda_index))
+        except Exception:
+            return self.nv.nvmlDeviceGetHandleByIndex(cuda_index)
+
     def sample(self, index: int) -> dict[str, float]:
+        """Memory used and utilisation of `cuda:index` (torch's numbering)."""
         if not self.ok:
             return {}
         try:
-            h = self.nv.nvmlDeviceGetHandleByIndex(index)
+            if index not in self.handles:
+                self.handles[index] = self.handle(index)
+            h = self.handles[index]
             mem = self.nv.nvmlDeviceGetMemoryInfo(h)
             util = self.nv.nvmlDeviceGetUtilizationRates(h)
             return {"memory_used_mib": mem.used / 2**20, "utilization_pct": float(util.gpu)}

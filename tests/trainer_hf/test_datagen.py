@@ -157,3 +157,8 @@ def test_cli_generates_with_progress_and_rejects_bad_input_in_one_line(tiny_qwen
     assert failed.returncode == 2
     assert failed.stderr.strip().splitlines()[-1].startswith("generate: error: ")
     assert "Traceback" not in failed.stderr
+    cmd[cmd.index("--devices") + 1] = "cuda:99"
+    missing = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip().splitlines()[-1].startswith(
+        "generate: error: devices not available on this machine: cuda:99")

@@ -74,6 +74,8 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
         (["--checkpoint", str(empty_run)], "no checkpoints/step-*.pt"),
         (["--checkpoint", str(other)], "not a trainer checkpoint"),
         (["--config", str(tmp_path / "nope.toml")], "file not found"),
+        (["--config", "trainer/configs/tiny-cpu.toml", "--device", "cuda:99"], "not available on this machine"),
+        (["--config", "trainer/configs/tiny-cpu.toml", "--device", "gpu0"], "bad device 'gpu0'"),
     ]
     for args, message in cases:
         done = run_eval(*args, "--prompts", "trainer/prompts/eval.jsonl")
