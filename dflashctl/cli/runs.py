@@ -116,8 +116,11 @@ def launch(
                                        help="local TOML config, uploaded as <run-dir>/config.toml "
                                             "(default: the host's `config`, else trainer/configs/tiny-cpu.toml)"),
     kill_zombies: bool = typer.Option(False, "--kill-zombies", help="end processes of earlier runs first"),
+    resume_from: str | None = typer.Option(None, "--resume-from", metavar="RUN",
+                                           help="continue an ended run (id or latest) from its newest checkpoint, "
+                                                "in a new run directory, with its config unless --config"),
     wait_for: str = typer.Option("started", "--wait-for", metavar="started|step|exit",
-                                 help="return once the run has started, printed its first step=, or ended"),
+                                 help="return once the run has started, printed its first training step, or ended"),
     timeout: float | None = typer.Option(None, "--timeout", metavar="S",
                                          help="give up waiting after S seconds (exit 101; the run keeps going)"),
     follow: bool = typer.Option(False, "--follow", "-f", help="stream the log until the run ends (Ctrl-C detaches)"),
@@ -132,7 +135,7 @@ def launch(
     from dflashctl.commands import launch as launch_cmd
 
     opts = launch_cmd.LaunchOptions(name=name, config=config, kill_zombies=kill_zombies, extra=list(extra or []),
-                                    source=source)
+                                    source=source, resume_from=resume_from)
     say = (lambda m: _err(f"[dim]{escape(m)}[/]")) if not json_out else (lambda m: None)
     with _target(hosts, host) as target:
         try:
@@ -150,7 +153,8 @@ def launch(
                 _err(e.log_head, markup=False, highlight=False)
             raise
         doc = {"host": target.host.name, "run_id": res.run_id, "run_dir": res.run_dir, "pid": res.pid,
-               "log": res.log_path, "name": res.name, "config": res.config, "notes": res.notes}
+               "log": res.log_path, "name": res.name, "config": res.config, "notes": res.notes,
+               "resumed_from": res.resumed_from}
         if not json_out:
             _out(f"launched run [bold]{res.run_id}[/] on {_where(target)}")
             _out(f"  pid  {res.pid}\n  log  {res.log_path}", markup=False)

@@ -13,7 +13,6 @@ from typing import Any
 from dflashctl.model import Verdict
 
 RUN_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
-STEP_RE = re.compile(r"\bstep[=:]\s*(\d+)")
 STARTING_GRACE_S = 15.0  # a run with no pid yet is "starting", not "lost", for this long
 
 
@@ -84,11 +83,6 @@ def run_from_probe(doc: dict[str, Any]) -> RunInfo:
         heartbeat=hb, errors=doc.get("errors") or {}, last_step=step, log_size=doc.get("log_size"),
         ended_at=doc.get("ended_at"), ending=bool(doc.get("ending")),
     )
-
-
-def last_step_in(text: str) -> int | None:
-    steps = STEP_RE.findall(text)
-    return int(steps[-1]) if steps else None
 
 
 def runs_dir(workspace: str) -> str:

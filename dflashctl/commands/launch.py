@@ -16,9 +16,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
+from dflashctl.analysis.progress import parse_progress
 from dflashctl.commands import deploy as deploy_cmd
 from dflashctl.commands import zombies
-from dflashctl.commands._runs import STEP_RE, RunInfo, run_from_probe, runs_dir
+from dflashctl.commands._runs import RunInfo, run_from_probe, runs_dir
+from dflashctl.commands.runs import get_run
 from dflashctl.commands.stop import gpu_memory
 from dflashctl.errors import ConfigError, DflashError, ExitCode
 from dflashctl.remote import probe, scripts
@@ -42,6 +44,7 @@ class LaunchOptions:
     source: Path | None = None  # the trainer tree to deploy when the container's is stale
     module: str = "trainer"  # `python -m MODULE` in <workspace>/code
     confirm_s: float = CONFIRM_S
+    resume_from: str | None = None  # a run id (or "latest"): start from its newest checkpoint, in a new run dir
 
 
 @dataclass
@@ -55,6 +58,7 @@ class LaunchResult:
     notes: list[str]
     deployed: deploy_cmd.DeployResult | None = None
     killed: zombies.KillReport | None = None
+    resumed_from: dict | None = None  # {"run", "checkpoint", "step", "linked"} as meta.json records it
 
 
 class LaunchRefused(DflashError):
@@ -95,8 +99,9 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
     """Preflight, start, confirm. `say` receives progress notes (deployed, zombies cleaned)."""
     host = target.host
     target.ensure_running()
-    config_text, config_label = _config(opts, host.config)
-    name = opts.name if opts.name is not None else Path(config_label).stem
+    source_run = _resume_source(target, opts.resume_from) if opts.resume_from else None
+    config_text, config_label = _config(opts, source_run.config_path if source_run else host.config)
+    name = opts.name if opts.name is not None else (source_run.name if source_run else Path(config_label).stem)
     slug = run_slug(name)
     notes: list[str] = []
 
@@ -120,7 +125,9 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
         "python": host.python,
         "cwd": f"{host.workspace.rstrip('/')}/code",
         "module": opts.module,
-        "extra": list(opts.extra),
+        # a resumed run keeps the source run's overrides; the ones given now come after them, so they win
+        "extra": (["--resume", *source_run.extra] if source_run else []) + list(opts.extra),
+        "resume_from": source_run.id if source_run else None,
         "config_text": config_text,
         "config_path": config_label if config_text is None else None,
         "env": {"PYTHONUNBUFFERED": "1"},
@@ -141,13 +148,51 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
                             hint=f"stop it first: dflashctl stop {res['run_id']}")
     if res.get("error") == "config-missing":
         raise ConfigError(res["message"], hint="pass --config FILE, or set `config` for the host in hosts.toml")
+    if res.get("error") == "no-checkpoint":
+        raise ConfigError(res["message"], hint="it saved none (train.checkpoint_interval, or it never reached one); "
+                                               "launch a fresh run instead")
     if "error" in res:
         raise DflashError(f"launch on {host.name} failed: {res.get('message') or res['error']}",
                           exit_code=ExitCode.CRASHED)
     run_id, run_dir = res["run_id"], res["run_dir"]
+    resumed = res.get("resumed_from")
+    if resumed:
+        how = "linked" if resumed.get("linked") else "copied"
+        notes.append(f"resuming run {resumed['run']} from its checkpoint at step {resumed['step']} ({how} into "
+                     f"{run_dir}/checkpoints)")
+        say(notes[-1])
     info = confirm(target, run_id, opts.confirm_s)
     return LaunchResult(run_id, run_dir, int(info.pid or res.get("pid") or 0), f"{run_dir}/train.log", name,
-                        config_label, notes, deployed, killed)
+                        config_label, notes, deployed, killed, resumed)
+
+
+@dataclass(frozen=True)
+class ResumeSource:
+    id: str
+    name: str
+    config_path: str  # its config.toml, absolute, in the container: the new run's config unless --config
+    extra: list[str]  # the trainer arguments it was launched with (its --set overrides): the new run's too
+
+
+def _resume_source(target: Target, run: str) -> ResumeSource:
+    """The run to resume from: it must exist and have ended (its checkpoint is checked by the launcher, under the
+    launch lock, so a checkpoint written meanwhile counts)."""
+    info, _ = get_run(target, run)
+    if info.alive:
+        raise LaunchRefused(f"run {info.id} is still running; resume from it once it has ended",
+                            hint=f"stop it first: dflashctl stop {info.id}")
+    meta = info.meta or {}
+    name = meta.get("name")
+    return ResumeSource(info.id, name if isinstance(name, str) and name else info.id, f"{info.dir}/config.toml",
+                        _trainer_args(meta.get("argv")))
+
+
+def _trainer_args(argv: object) -> list[str]:
+    """What followed `--run-dir DIR` in a run's argv (launch's extra arguments), without `--resume`."""
+    if not isinstance(argv, list) or "--run-dir" not in argv:
+        return []
+    rest = argv[argv.index("--run-dir") + 2:]
+    return [str(a) for a in rest if a != "--resume"]
 
 
 def _config(opts: LaunchOptions, host_config: str | None) -> tuple[str | None, str]:
@@ -286,6 +331,17 @@ class WaitResult:
         return int(self.run.verdict().exit_code)
 
 
+_STEP_FIRST = re.compile(r"\s*(?:step|iter)\b", re.IGNORECASE)
+
+
+def is_training_step(line: str) -> bool:
+    """A line saying a training step happened: a progress line with a loss, or one that starts with its step
+    (`step=12 …`, `iter 100: …`). `resume: continuing from checkpoint step=285` and `eval step=100 …` name a step
+    but are not one."""
+    point = parse_progress(line, 0)
+    return point is not None and ("loss" in point.values or ("step" in point.values and bool(_STEP_FIRST.match(line))))
+
+
 def wait(target: Target, run_id: str, what: WaitFor, timeout_s: float | None,
          on_log: Callable[[bytes], None] | None = None) -> WaitResult:
     """Block until the run has started / printed its first step / ended, or it died, or timeout."""
@@ -305,7 +361,7 @@ def wait(target: Target, run_id: str, what: WaitFor, timeout_s: float | None,
                 pending = lines.pop()
                 for raw in lines:
                     text = raw.decode("utf-8", "replace")
-                    if STEP_RE.search(text):
+                    if is_training_step(text):
                         return WaitResult(True, info, text.strip(), time.monotonic() - start)
             else:
                 pending = pending[-4096:]

@@ -21,6 +21,8 @@ import contextlib
 import fcntl
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,10 +78,19 @@ def launch(spec: dict, source: str) -> int:
     live = _live_latest(spec["runs_dir"])
     if live:
         return _emit({"error": "run-alive", "message": f"run {live} is still running", "run_id": live})
+    resume = spec.get("resume_from")
+    checkpoint = None
+    if resume:
+        if "/" in resume or resume in (".", "..", "latest"):
+            return _emit({"error": "no-checkpoint", "message": f"{resume!r} is not a run id"})
+        checkpoint = _newest_checkpoint(os.path.join(spec["runs_dir"], resume))
+        if checkpoint is None:
+            return _emit({"error": "no-checkpoint", "message": f"run {resume} has no checkpoint to resume from"})
     try:
         run_id, run_dir = _mkdir_exclusive(spec["runs_dir"], spec["base_id"])
     except (OSError, RuntimeError) as e:
         return _emit({"error": "run-dir", "message": str(e)})
+    resumed = _take_checkpoint(checkpoint, run_dir, resume) if resume and checkpoint else None
     config = os.path.join(run_dir, "config.toml")
     if config_src is None:
         _write_atomic(config, spec["config_text"].encode("utf-8"))
@@ -97,6 +108,8 @@ def launch(spec: dict, source: str) -> int:
         "started_at_epoch": time.time(),
     })
     meta["config"] = dict(meta.get("config") or {}, path=config, copied_from=config_src)
+    if resumed:
+        meta["resumed_from"] = resumed
     _write_atomic(os.path.join(run_dir, "meta.json"), (json.dumps(meta, indent=2) + "\n").encode())
     _write_atomic(os.path.join(run_dir, "launch.json"),
                   json.dumps({"argv": argv, "cwd": cwd, "env": spec.get("env") or {}}).encode())
@@ -127,7 +140,37 @@ def launch(spec: dict, source: str) -> int:
         os._exit(127)
     os.close(log_fd)
     pid, exit_code = _wait_for_pid(run_dir, child, timeout=5.0)
-    return _emit({"run_id": run_id, "run_dir": run_dir, "pid": pid, "exit_code": exit_code, "supervisor": child})
+    return _emit({"run_id": run_id, "run_dir": run_dir, "pid": pid, "exit_code": exit_code, "supervisor": child,
+                  "resumed_from": resumed})
+
+
+_CHECKPOINT = re.compile(r"^step-(\d{8})\.pt$")  # trainer/checkpoint.py's names: temp files never match
+
+
+def _newest_checkpoint(run_dir: str) -> str | None:
+    try:
+        names = [n for n in os.listdir(os.path.join(run_dir, "checkpoints")) if _CHECKPOINT.match(n)]
+    except OSError:
+        return None
+    return os.path.join(run_dir, "checkpoints", max(names)) if names else None
+
+
+def _take_checkpoint(checkpoint: str, run_dir: str, source_run: str) -> dict:
+    """The new run starts with the source run's newest checkpoint in its own checkpoints/: a hard link (no copy
+    of gigabytes; safe because checkpoints are written by rename and never changed in place, and each run's pruning
+    only unlinks its own names), a copy where a link is impossible. The source run directory is not touched."""
+    dest_dir = os.path.join(run_dir, "checkpoints")
+    os.mkdir(dest_dir)
+    dest = os.path.join(dest_dir, os.path.basename(checkpoint))
+    try:
+        os.link(checkpoint, dest)
+        linked = True
+    except OSError:
+        shutil.copyfile(checkpoint, dest + ".tmp")
+        os.replace(dest + ".tmp", dest)
+        linked = False
+    step = int(_CHECKPOINT.match(os.path.basename(checkpoint)).group(1))
+    return {"run": source_run, "checkpoint": checkpoint, "step": step, "linked": linked}
 
 
 def _wait_for_pid(run_dir: str, child: int, timeout: float) -> tuple[int | None, int | None]:

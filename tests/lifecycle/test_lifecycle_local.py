@@ -307,3 +307,15 @@ def test_two_launches_at_once_start_exactly_one_run(local_host, cli):
     runs = [p for p in (local_host.workspace_dir / "runs").iterdir() if p.name != "latest"]
     assert len(runs) == 1
     assert cli("stop").code == 103
+
+
+def test_wait_for_step_counts_training_step_lines_not_lines_that_merely_name_a_step():
+    from dflashctl.commands.launch import is_training_step
+
+    for line in ("step=12 loss=4.1234 tok/s=1834.2", "step: 10  loss: 2.31", "iter 100: loss 2.3000",
+                 "{'loss': 2.31, 'learning_rate': 5e-05, 'epoch': 0.1}", "step=7 tok/s=1200.0"):
+        assert is_training_step(line), line
+    for line in ("resume: continuing from checkpoint step=285", "eval step=100 acc_len=3.10 tokens_per_forward=2.9",
+                 "training stopped by SIGTERM step=285 checkpoint=/w/runs/x/checkpoints/step-00000285.pt",
+                 "error_rate=0.01", "trainer starting pid=12 steps=5000 drafters=3"):
+        assert not is_training_step(line), line

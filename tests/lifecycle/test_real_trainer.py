@@ -34,3 +34,24 @@ def test_real_trainer_deploy_launch_step_stop_on_local(local_host, cli):
     log = (rd / "train.log").read_text()
     assert "received SIGTERM" in log and "[dflashctl] trainer exited with code 143" in log
     assert cli("runs", "--json").json()["runs"][0]["verdict"] == "stopped"
+
+
+@pytest.mark.skipif(not _trainer_present(), reason="trainer/ with configs/tiny-cpu.toml is not in this tree")
+def test_real_trainer_stopped_run_resumes_from_its_stop_checkpoint_in_a_new_run(local_host, cli):
+    first = cli("launch", "--name", "resumable", "--wait-for", "step", "--timeout", "240", "--json", "--",
+                "--set", "train.steps=100000", "--set", "train.log_interval=1")
+    assert first.code == 0, first.err
+    assert cli("stop").code == 103
+    old = Path(first.json()["run_dir"])
+    stop_line = next(ln for ln in (old / "train.log").read_text().splitlines() if "stopped by SIGTERM" in ln)
+    stopped_at = int(stop_line.split("step=")[1].split()[0])
+
+    again = cli("launch", "--resume-from", "latest", "--wait-for", "step", "--timeout", "240", "--json")
+    assert again.code == 0, again.err
+    doc = again.json()
+    assert doc["resumed_from"]["run"] == old.name and doc["resumed_from"]["step"] == stopped_at
+    log = (Path(doc["run_dir"]) / "train.log").read_text()
+    assert f"resume: continuing from checkpoint step={stopped_at}" in log
+    first_step = int(doc["wait"]["line"].split()[0].removeprefix("step="))
+    assert first_step == stopped_at + 1  # log_interval=1 (the old run's config): the very next step
+    assert cli("stop").code == 103
