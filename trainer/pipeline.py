@@ -184,7 +184,7 @@ class Trainer:
             # exp_avg tensors would apply every update N times
             opt.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.start_step = self.progress.step = int(state["step"])
-        emit(f"resume: continuing from checkpoint step={self.start_step}")
+        emit(f"resume: continuing from the checkpoint of step {self.start_step}")  # no step=: not a training step
 
     def _warmup(self) -> float:
         """Build and run every compiled function once per device (forward + backward) on this one thread."""

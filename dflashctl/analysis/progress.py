@@ -2,8 +2,9 @@
 
 `step=12 loss=4.1234 tok/s=1834.2 lr=3.00e-04 acc=0.123 acc_len=3.1` is the contract with trainer/
 (telemetry.log_line); `step: 10  loss: 2.31` (torchtitan), `{'loss': 2.31, 'learning_rate': 5e-05}` (HF)
-and `iter 100: loss 2.3` (nanoGPT) are understood too. A line is progress only when it carries a step or
-a loss, so `error_rate=0.01` is not.
+and `iter 100: loss 2.3` (nanoGPT) are understood too. A line is progress only when it carries a loss, or a
+step with some other measurement: `error_rate=0.01` is not, and neither is a line that only names a step
+(`resume: continuing from checkpoint step=285`, printed before the warm-up, would otherwise count as training).
 """
 
 from __future__ import annotations
@@ -37,6 +38,6 @@ def parse_progress(text: str, line: int) -> ProgressPoint | None:
     for key, num in _SPACED_RE.findall(text):
         k = _KEY_ALIASES.get(key.lower(), key.lower())
         values.setdefault(k, float(num))
-    if "step" not in values and "loss" not in values:
+    if "loss" not in values and not ("step" in values and len(values) > 1):
         return None
     return ProgressPoint(line=line, values=values)

@@ -224,6 +224,7 @@ def test_long_carriage_return_line_without_newline_is_bounded() -> None:
         ("iter 100: loss 2.3012, time 41.23ms, mfu 38.12%", {"step": 100, "loss": 2.3012}),
         ("step:  10  loss:  7.9412  memory: 31.2GiB(39.4%)  tps: 5,138", {"step": 10, "loss": 7.9412}),
         ("step=5 loss=nan tok/s=1.0", {"step": 5}),
+        ("eval step=100 acc_len=3.10 tokens_per_forward=2.90", {"step": 100, "acc_len": 3.10}),
     ],
 )
 def test_progress_forms(line: str, expected: dict[str, float]) -> None:
@@ -235,7 +236,8 @@ def test_progress_forms(line: str, expected: dict[str, float]) -> None:
 
 @pytest.mark.parametrize(
     "line",
-    ["error_rate=0.01 retries=2", "NaN check passed", "validating loss function config", "stepping down lr"],
+    ["error_rate=0.01 retries=2", "NaN check passed", "validating loss function config", "stepping down lr",
+     "resume: continuing from checkpoint step=285", "saving checkpoint at step 500"],
 )
 def test_lines_that_only_look_like_progress_are_not(line: str) -> None:
     assert parse_progress(line, 1) is None

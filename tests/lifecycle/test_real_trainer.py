@@ -51,7 +51,7 @@ def test_real_trainer_stopped_run_resumes_from_its_stop_checkpoint_in_a_new_run(
     doc = again.json()
     assert doc["resumed_from"]["run"] == old.name and doc["resumed_from"]["step"] == stopped_at
     log = (Path(doc["run_dir"]) / "train.log").read_text()
-    assert f"resume: continuing from checkpoint step={stopped_at}" in log
+    assert f"resume: continuing from the checkpoint of step {stopped_at}" in log
     first_step = int(doc["wait"]["line"].split()[0].removeprefix("step="))
     assert first_step == stopped_at + 1  # log_interval=1 (the old run's config): the very next step
     assert cli("stop").code == 103

@@ -65,7 +65,7 @@ def test_sigterm_checkpoints_and_exits_143_and_resume_continues(start_trainer):
     assert (run.run_dir / "checkpoints" / f"step-{step:08d}.pt").exists()
     resumed = start_trainer(*FAST, "--set", f"train.steps={step + 2}", "--resume", run_dir=run.run_dir)
     assert resumed.wait(timeout=90) == 0
-    assert f"resume: continuing from checkpoint step={step}" in resumed.log
+    assert f"resume: continuing from the checkpoint of step {step}" in resumed.log
     assert f"training finished steps={step + 2}" in resumed.log
 
 
