@@ -115,3 +115,21 @@ def test_a_dropped_connection_leaves_the_run_training(pve, cli):
     doc = cli("runs", "--json").json()
     assert doc["runs"][0]["verdict"] == "training"
     assert cli("stop").code == 103
+
+
+def test_resume_from_links_the_checkpoint_inside_the_container(pve, cli):
+    launched = cli("launch", "--source", str(FAKE_TRAINER), "--name", "ck", "--wait-for", "step", "--json")
+    assert launched.code == 0, launched.err
+    assert cli("stop").code == 103
+    old = pve.workspace_dir / "dflash" / "runs" / launched.json()["run_id"]
+    (old / "checkpoints").mkdir()
+    (old / "checkpoints" / "step-00000007.pt").write_bytes(b"weights")
+    res = cli("launch", "--source", str(FAKE_TRAINER), "--resume-from", "latest", "--wait-for", "step", "--json")
+    assert res.code == 0, res.err
+    doc = res.json()
+    assert doc["resumed_from"]["step"] == 7 and doc["resumed_from"]["linked"] is True
+    assert doc["run_dir"].startswith("/workspace/dflash/runs/")  # the container's path, not the host's
+    new = pve.workspace_dir / "dflash" / "runs" / doc["run_id"]
+    assert os.path.samefile(new / "checkpoints" / "step-00000007.pt", old / "checkpoints" / "step-00000007.pt")
+    assert "--resume" in container_ps(pve)
+    assert cli("stop").code == 103
