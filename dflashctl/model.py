@@ -149,3 +149,4 @@ class SignatureHit:
 class ProgressPoint:
     line: int
     values: dict[str, float] = field(default_factory=dict)  # step, loss, tok/s, acc_len, lr ...
+    kind: str = "train"  # "eval": a periodic evaluation (`eval step=N acc_len=…`), not a training step

@@ -237,7 +237,12 @@ def _final_main_traceback(log: LogReport | None) -> Traceback | None:
 
 def _progress(log: LogReport | None, heartbeat: Mapping[str, Any] | None) -> dict[str, float]:
     if log is not None and log.last_progress is not None:
-        return dict(log.last_progress.values)
+        values = dict(log.last_progress.values)
+        evaluated = log.last_eval
+        if evaluated is not None:  # τ by real speculative decoding, next to the training batch's estimate
+            values.update({f"eval_{k}": v for k, v in evaluated.values.items()
+                           if k in ("step", "acc_len", "tokens_per_forward")})
+        return values
     hb = heartbeat or {}
     out: dict[str, float] = {}
     for src, dst in (("step", "step"), ("loss", "loss"), ("tok_s", "tok/s")):

@@ -111,7 +111,13 @@ class LogReport:
 
     @property
     def last_progress(self) -> ProgressPoint | None:
-        return self.progress[-1] if self.progress else None
+        """The last training step (evaluation lines are kept apart: see last_eval)."""
+        return next((p for p in reversed(self.progress) if p.kind == "train"), None)
+
+    @property
+    def last_eval(self) -> ProgressPoint | None:
+        """The last periodic evaluation (`eval step=N acc_len=…`): τ measured by real speculative decoding."""
+        return next((p for p in reversed(self.progress) if p.kind == "eval"), None)
 
     @property
     def final_exception(self) -> str | None:

@@ -17,6 +17,7 @@ PROGRESS_TOKENS = ("step", "loss", "iter", "Step", "Loss", "STEP", "LOSS")  # no
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)\b"
 _KV_RE = re.compile(rf"(?<![\w/.])['\"]?([A-Za-z_][\w./-]*?)['\"]?\s*[=:]\s*['\"]?({_NUM})", re.IGNORECASE)
+_EVAL_RE = re.compile(r"\s*eval\b", re.IGNORECASE)  # the trainer's `eval step=100 acc_len=6.81 …` (PeriodicEval)
 _SPACED_RE = re.compile(rf"\b(step|iter|loss|epoch)\s+({_NUM})", re.IGNORECASE)
 _KEY_ALIASES = {
     "iter": "step", "global_step": "step", "tps": "tok/s", "tokens/s": "tok/s", "tok/sec": "tok/s",
@@ -40,4 +41,4 @@ def parse_progress(text: str, line: int) -> ProgressPoint | None:
         values.setdefault(k, float(num))
     if "loss" not in values and not ("step" in values and len(values) > 1):
         return None
-    return ProgressPoint(line=line, values=values)
+    return ProgressPoint(line=line, values=values, kind="eval" if _EVAL_RE.match(text) else "train")

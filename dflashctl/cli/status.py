@@ -59,6 +59,8 @@ def _header(title: str, health: Health, extra: list[str], ended: str | None) -> 
         parts.append(f"loss {p['loss']:.4g}")
     if "acc_len" in p:
         parts.append(f"τ {p['acc_len']:.2f}")
+    if "eval_acc_len" in p:
+        parts.append(f"eval τ {p['eval_acc_len']:.2f}" + (f" @ {p['eval_step']:.0f}" if "eval_step" in p else ""))
     if parts:
         t.append("  " + " · ".join(parts))
     return t

@@ -70,3 +70,13 @@ def test_watch_view_is_the_same_renderer_plus_history() -> None:
     one_shot, watched = text(doc), text(doc, history=True)
     assert one_shot.splitlines()[:2] == watched.splitlines()[:2]
     assert "utilisation history" in watched and "utilisation history" not in one_shot
+
+
+def test_the_last_periodic_evaluation_shows_beside_the_training_step_and_never_replaces_it() -> None:
+    log = STEPS + b"eval step=70 acc_len=6.812 tokens_per_forward=6.1 block_size=16 lossless=4/4\n" \
+        + b"step=71 loss=4.512 tok/s=19500.0 acc_len=1.30\n"
+    header = text(report(1000.0, log, gpu_error=NO_SMI)).splitlines()[0]
+    assert header.endswith("step 71 · 19500.0 tok/s · loss 4.512 · τ 1.30 · eval τ 6.81 @ 70"), header
+    # an evaluation as the very last line: the header still shows the last training step, not the eval's
+    header = text(report(1000.0, log[:log.index(b"step=71")], gpu_error=NO_SMI)).splitlines()[0]
+    assert header.endswith("step 70 · 19410.5 tok/s · loss 4.766 · τ 1.21 · eval τ 6.81 @ 70"), header
