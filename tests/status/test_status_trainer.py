@@ -60,3 +60,25 @@ def test_watch_names_the_trainers_crashed_drafter(local_host, capsys, policy: st
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+@pytest.mark.slow
+def test_the_trainers_periodic_eval_line_is_read_as_an_evaluation_beside_its_training_steps(tmp_path) -> None:
+    """The contract between trainer/ (PeriodicEval's `eval step=N …` line) and the log reader, on a real run."""
+    from dflashctl.analysis.logscan import scan
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"ids": [1 + i, 7, 42, 99, 5 + i]}) + "\n" for i in range(2)))
+    run = tmp_path / "run"
+    res = subprocess.run(
+        [sys.executable, "-m", "trainer", "--config", "trainer/configs/tiny-cpu.toml", "--run-dir", str(run), *FAST,
+         "--set", "train.steps=6", "--set", "eval.interval=3", "--set", f"eval.prompts={prompts}",
+         "--set", "eval.max_new_tokens=8", "--set", "train.checkpoint_interval=0"],
+        cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, timeout=240)
+    assert res.returncode == 0, res.stdout.decode()[-2000:] + res.stderr.decode()[-2000:]
+    report = scan(res.stdout + res.stderr)
+    assert report.last_progress is not None and report.last_progress.kind == "train"
+    assert report.last_progress.values["step"] == 6 and "loss" in report.last_progress.values
+    evaluated = report.last_eval
+    assert evaluated is not None and evaluated.values["step"] == 6 and evaluated.values["acc_len"] >= 1.0
+    assert "tokens_per_forward" in evaluated.values
