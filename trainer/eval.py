@@ -257,6 +257,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-lossless-check", action="store_true", help="skip the greedy reference decode")
     p.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (0 = torch default)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--out", help="also write the JSON report to this file (atomically)")
     return p.parse_args(argv)
 
 
@@ -305,8 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     except EvalError as e:
         print(f"eval: error: {e}", file=sys.stderr)
         return 2
+    doc = {**info, **report.to_dict()}
+    if args.out:
+        from trainer.checkpoint import atomic_write_bytes
+
+        atomic_write_bytes(Path(args.out), (json.dumps(doc, indent=1) + "\n").encode())
     if args.json:
-        print(json.dumps({**info, **report.to_dict()}, indent=1))
+        print(json.dumps(doc, indent=1))
     else:
         print(render(report))
     if not report.lossless:

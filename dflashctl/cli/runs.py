@@ -138,20 +138,8 @@ def launch(
                                     source=source, resume_from=resume_from)
     say = (lambda m: _err(f"[dim]{escape(m)}[/]")) if not json_out else (lambda m: None)
     with _target(hosts, host) as target:
-        try:
+        with _launch_errors(target, json_out):
             res = launch_cmd.launch(target, opts, say=say)
-        except launch_cmd.LaunchRefused as e:
-            if e.rows and not json_out:
-                _show(_zombie_table(e.rows, outcome=False), err=True)
-            raise
-        except launch_cmd.LaunchFailed as e:
-            if json_out:
-                print_json({"host": target.host.name, "run_id": e.run_id, "launched": False, "error": e.message,
-                            "log_head": e.log_head})
-            elif e.log_head:
-                _err("[bold]first lines of the log:[/]")
-                _err(e.log_head, markup=False, highlight=False)
-            raise
         doc = {"host": target.host.name, "run_id": res.run_id, "run_dir": res.run_dir, "pid": res.pid,
                "log": res.log_path, "name": res.name, "config": res.config, "notes": res.notes,
                "resumed_from": res.resumed_from}
@@ -174,6 +162,93 @@ def launch(
         if json_out:
             print_json(doc)
         raise Exit(code)
+
+
+@app.command("eval")
+def evaluate(
+    run: str = typer.Argument("latest", metavar="[RUN]", help="the run whose drafter to evaluate (id or latest)"),
+    extra: list[str] | None = typer.Argument(None, metavar="[-- EVAL_ARGS...]",
+                                             help="more trainer.eval arguments: --limit N, --max-new-tokens N, "
+                                                  "--device cuda:5, --target-devices …"),
+    prompts: str = typer.Option(..., "--prompts", "-p", metavar="PATH",
+                                help="prompt JSONL or generated data directory in the container (relative to "
+                                     "<workspace>/code, e.g. trainer/prompts/eval.jsonl)"),
+    untrained: bool = typer.Option(False, "--untrained", help="the step-0 drafter of its config: the τ baseline"),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="wait for the report (else print the eval run's id)"),
+    timeout: float | None = typer.Option(None, "--timeout", metavar="S",
+                                         help="give up waiting after S seconds (exit 101; the evaluation goes on)"),
+    kill_zombies: bool = typer.Option(False, "--kill-zombies", help="end processes of earlier runs first"),
+    source: Path | None = SourceOpt,
+    host: str | None = HostOpt,
+    hosts: Path | None = HostsOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Measure a run's drafter: acceptance length τ by real speculative decoding, as a run of its own."""
+    from dflashctl.commands import evaluate as eval_cmd
+    from dflashctl.commands import launch as launch_cmd
+
+    extra = list(extra or [])
+    if run.startswith("-"):  # `eval -- --limit 2`: after `--` every word is positional, the first one lands in RUN;
+        run, extra = "latest", [run, *extra]  # no run id starts with '-', so it is an eval argument
+    opts = eval_cmd.EvalOptions(run=run, prompts=prompts, untrained=untrained, extra=extra, source=source,
+                                kill_zombies=kill_zombies)
+    say = (lambda m: _err(f"[dim]{escape(m)}[/]")) if not json_out else (lambda m: None)
+    with _target(hosts, host) as target:
+        with _launch_errors(target, json_out):
+            res, src = eval_cmd.start(target, opts, say=say)
+        doc: dict = {"host": target.host.name, "run_id": res.run_id, "run_dir": res.run_dir, "evaluated": src.id}
+        say(f"evaluating as run {res.run_id} (log {res.log_path})")
+        if not wait:
+            if json_out:
+                print_json(doc)
+            else:
+                _out(res.run_id, markup=False)
+            raise Exit(0)
+        echo = None if json_out else (lambda b: (sys.stderr.buffer.write(b), sys.stderr.flush()))
+        try:
+            result = launch_cmd.wait(target, res.run_id, "exit", timeout, on_log=echo)
+        except KeyboardInterrupt:
+            _err(f"\ndetached; evaluation run {res.run_id} keeps running (stop it with "
+                 f"`dflashctl stop {res.run_id}`)")
+            raise Exit(0) from None
+        code = result.exit_code
+        if result.reached and result.run.exit_code in (0, 1):  # 1: it ran, but the lossless check failed
+            report = eval_cmd.report(target, res.run_dir)
+            doc["report"] = report
+            if not json_out:
+                _out(f"τ {report['tau']:.3f} (block {report['block_size']}) · tokens per target forward "
+                     f"{report['tokens_per_forward']:.3f} · lossless {report['lossless_count']}/"
+                     f"{report['num_prompts']} · {'untrained (step 0)' if report.get('untrained') else 'trained'} "
+                     f"drafter of run {src.id} · report {res.run_dir}/{eval_cmd.REPORT}", markup=False)
+        elif not json_out:
+            _say_wait("exit", result, timeout)
+        if json_out:
+            doc["wait"] = {"reached": result.reached, "verdict": str(result.run.verdict()),
+                           "exit_code": result.run.exit_code, "waited_s": round(result.waited_s, 1)}
+            print_json(doc)
+        raise Exit(code)
+
+
+@contextmanager
+def _launch_errors(target: Target, json_out: bool):
+    """What a refused or failed launch shows besides its one-line error: the processes in the way, or the first
+    lines of the run's log (a JSON document with them under --json)."""
+    from dflashctl.commands import launch as launch_cmd
+
+    try:
+        yield
+    except launch_cmd.LaunchRefused as e:
+        if e.rows and not json_out:
+            _show(_zombie_table(e.rows, outcome=False), err=True)
+        raise
+    except launch_cmd.LaunchFailed as e:
+        if json_out:
+            print_json({"host": target.host.name, "run_id": e.run_id, "launched": False, "error": e.message,
+                        "log_head": e.log_head})
+        elif e.log_head:
+            _err("[bold]first lines of the log:[/]")
+            _err(e.log_head, markup=False, highlight=False)
+        raise
 
 
 def _say_wait(what: str, r: launch_cmd.WaitResult, timeout: float | None) -> None:

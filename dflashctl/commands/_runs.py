@@ -33,6 +33,12 @@ class RunInfo:
     ending: bool = False  # alive, but the trainer has exited: its supervisor is reaping the group (no exit code yet)
 
     @property
+    def kind(self) -> str:
+        """"train", or "eval" for a `dflashctl eval` run (meta.json `kind`; older runs have none: training)."""
+        kind = (self.meta or {}).get("kind")
+        return kind if isinstance(kind, str) else "train"
+
+    @property
     def log_path(self) -> str:
         return f"{self.dir}/train.log"
 

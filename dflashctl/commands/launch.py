@@ -20,9 +20,9 @@ from dflashctl.analysis.progress import parse_progress
 from dflashctl.commands import deploy as deploy_cmd
 from dflashctl.commands import zombies
 from dflashctl.commands._runs import RunInfo, run_from_probe, runs_dir
-from dflashctl.commands.runs import get_run
+from dflashctl.commands.runs import get_run, list_runs
 from dflashctl.commands.stop import gpu_memory
-from dflashctl.errors import ConfigError, DflashError, ExitCode
+from dflashctl.errors import ConfigError, DflashError, ExitCode, NotFound
 from dflashctl.remote import probe, scripts
 from dflashctl.remote.target import Target
 
@@ -45,6 +45,8 @@ class LaunchOptions:
     module: str = "trainer"  # `python -m MODULE` in <workspace>/code
     confirm_s: float = CONFIRM_S
     resume_from: str | None = None  # a run id (or "latest"): start from its newest checkpoint, in a new run dir
+    container_config: str | None = None  # a config path in the container (a run's config.toml); --config wins
+    meta: dict[str, object] = field(default_factory=dict)  # more meta.json fields (eval: kind, evaluates)
 
 
 @dataclass
@@ -99,8 +101,9 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
     """Preflight, start, confirm. `say` receives progress notes (deployed, zombies cleaned)."""
     host = target.host
     target.ensure_running()
-    source_run = _resume_source(target, opts.resume_from) if opts.resume_from else None
-    config_text, config_label = _config(opts, source_run.config_path if source_run else host.config)
+    source_run = ended_run(target, opts.resume_from, "resume from it") if opts.resume_from else None
+    config_text, config_label = _config(opts, opts.container_config
+                                        or (source_run.config_path if source_run else host.config))
     name = opts.name if opts.name is not None else (source_run.name if source_run else Path(config_label).stem)
     slug = run_slug(name)
     notes: list[str] = []
@@ -140,6 +143,8 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
             "git_sha": _git_sha(deploy_cmd.trainer_source(opts.source)),
             "gpus": {"target": list(host.gpus_target), "drafters": list(host.gpus_drafters)},
             "launched_by": "dflashctl",
+            "kind": "train",
+            **opts.meta,
         },
     }
     res = scripts.call(target, "launcher", "launch", spec, pass_source=True, timeout=60)
@@ -167,24 +172,37 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
 
 
 @dataclass(frozen=True)
-class ResumeSource:
+class EndedRun:
+    """A run a new one starts from (resume, eval)."""
+
     id: str
+    dir: str
     name: str
     config_path: str  # its config.toml, absolute, in the container: the new run's config unless --config
-    extra: list[str]  # the trainer arguments it was launched with (its --set overrides): the new run's too
+    extra: list[str]  # the trainer arguments it was launched with (its --set overrides)
 
 
-def _resume_source(target: Target, run: str) -> ResumeSource:
-    """The run to resume from: it must exist and have ended (its checkpoint is checked by the launcher, under the
-    launch lock, so a checkpoint written meanwhile counts)."""
+def ended_run(target: Target, run: str, purpose: str) -> EndedRun:
+    """The training run (id, or latest: the newest training run, evaluations skipped) a new run starts from: it
+    must exist (else NotFound, 102), be a training run and have ended (else 2). Its checkpoint, where one is needed,
+    is checked where it is used: under the launch lock."""
+    if run == "latest":
+        training = [r for r in list_runs(target).runs if r.kind == "train"]
+        if not training:
+            raise NotFound(f"no training run on {target.host.name} to {purpose.split()[0]}",
+                           hint="list runs with `dflashctl runs`")
+        run = training[0].id
     info, _ = get_run(target, run)
+    if info.kind != "train":
+        raise ConfigError(f"run {info.id} is an evaluation, not a training run",
+                          hint="name the training run (see `dflashctl runs`)")
     if info.alive:
-        raise LaunchRefused(f"run {info.id} is still running; resume from it once it has ended",
+        raise LaunchRefused(f"run {info.id} is still running; {purpose} once it has ended",
                             hint=f"stop it first: dflashctl stop {info.id}")
     meta = info.meta or {}
     name = meta.get("name")
-    return ResumeSource(info.id, name if isinstance(name, str) and name else info.id, f"{info.dir}/config.toml",
-                        _trainer_args(meta.get("argv")))
+    return EndedRun(info.id, info.dir, name if isinstance(name, str) and name else info.id,
+                    f"{info.dir}/config.toml", _trainer_args(meta.get("argv")))
 
 
 def _trainer_args(argv: object) -> list[str]:
