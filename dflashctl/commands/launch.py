@@ -101,7 +101,7 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
     """Preflight, start, confirm. `say` receives progress notes (deployed, zombies cleaned)."""
     host = target.host
     target.ensure_running()
-    source_run = ended_run(target, opts.resume_from, "resume from it") if opts.resume_from else None
+    source_run = ended_run(target, opts.resume_from, "resume from it") if opts.resume_from is not None else None
     config_text, config_label = _config(opts, opts.container_config
                                         or (source_run.config_path if source_run else host.config))
     name = opts.name if opts.name is not None else (source_run.name if source_run else Path(config_label).stem)
@@ -186,6 +186,8 @@ def ended_run(target: Target, run: str, purpose: str) -> EndedRun:
     """The training run (id, or latest: the newest training run, evaluations skipped) a new run starts from: it
     must exist (else NotFound, 102), be a training run and have ended (else 2). Its checkpoint, where one is needed,
     is checked where it is used: under the launch lock."""
+    if not run.strip():
+        raise ConfigError("an empty run id was given", hint="name a run id from `dflashctl runs`, or latest")
     if run == "latest":
         training = [r for r in list_runs(target).runs if r.kind == "train"]
         if not training:

@@ -71,6 +71,8 @@ def test_resume_refuses_a_run_without_checkpoints_an_unknown_run_and_a_live_run_
     unknown = cli("launch", "--source", str(FAKE_TRAINER), "--resume-from", "20990101-000000-nope")
     assert unknown.code == 102 and "Traceback" not in unknown.err
     assert len(list(runs.iterdir())) == count
+    empty = cli("launch", "--source", str(FAKE_TRAINER), "--resume-from", "")
+    assert empty.code == 2 and "empty run id" in empty.err and len(list(runs.iterdir())) == count
 
     cfg = write_config(tmp_path / "long.toml", mode="train", step_s=0.05)
     live = cli("launch", "--source", str(FAKE_TRAINER), "--config", str(cfg), "--name", "live", "--json")
