@@ -84,6 +84,14 @@ class StatusView:
         return rec
 
 
+def _evaluates(run: dict) -> str | None:
+    """The run a `dflashctl eval` run evaluates (meta.json kind = eval), else None."""
+    meta = run.get("meta") or {}
+    if meta.get("kind") != "eval":
+        return None
+    return str(meta.get("evaluates") or "?")
+
+
 def _started_at(run: dict[str, Any]) -> float | None:
     meta = run.get("meta") or {}
     v = meta.get("started_at_epoch") if isinstance(meta, dict) else None
@@ -174,7 +182,7 @@ class Watcher:
         if run:
             process = ProcessState(alive=bool(run.get("alive")), exit_code=run.get("exit_code"),
                                    stopped=bool(run.get("stopped")), started_at=_started_at(run),
-                                   ending=bool(run.get("ending")))
+                                   ending=bool(run.get("ending")), evaluates=_evaluates(run))
         ev = Evidence(now=now, process=process, log=report, sweeps=list(self.sweeps),
                       errors=(run or {}).get("errors") or {}, heartbeat=hb if isinstance(hb, dict) else None,
                       last_progress_time=progress_time)

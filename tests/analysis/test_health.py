@@ -102,6 +102,19 @@ def test_idle_allocated_before_the_first_step_is_starting_until_the_grace_runs_o
     assert judge(ev).verdict == Verdict.STALLED
 
 
+def test_an_evaluation_run_is_running_not_starting_or_stalled_however_long_it_takes() -> None:
+    late = 1000.0 - Thresholds().startup_grace_s - 1
+    log = scan(b"prompt tokens   new steps    tau   fwd  lossless\n")
+    ev = Evidence(now=1000.0, process=ProcessState(alive=True, started_at=late, evaluates="20261129-1-tiny"), log=log)
+    h = judge(ev)
+    assert h.verdict == Verdict.TRAINING and h.reasons == [
+        "evaluating run 20261129-1-tiny (an evaluation logs no training steps)"]
+    ev.process = ProcessState(alive=True, started_at=late)  # the same, as a training run: no first step, stalled
+    assert judge(ev).verdict == Verdict.STALLED
+    ended = ProcessState(alive=False, exit_code=1, evaluates="20261129-1-tiny")  # a failed evaluation is a crash
+    assert judge(Evidence(now=1000.0, process=ended, log=log)).verdict == Verdict.CRASHED
+
+
 def test_process_outcomes() -> None:
     log = scan(LOG)
     assert judge(Evidence(now=1.0, process=ProcessState(alive=False, exit_code=0), log=log)).verdict == Verdict.FINISHED

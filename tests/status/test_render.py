@@ -80,3 +80,11 @@ def test_the_last_periodic_evaluation_shows_beside_the_training_step_and_never_r
     # an evaluation as the very last line: the header still shows the last training step, not the eval's
     header = text(report(1000.0, log[:log.index(b"step=71")], gpu_error=NO_SMI)).splitlines()[0]
     assert header.endswith("step 70 · 19410.5 tok/s · loss 4.766 · τ 1.21 · eval τ 6.81 @ 70"), header
+
+
+def test_a_live_evaluation_run_says_what_it_evaluates_instead_of_waiting_for_a_first_step() -> None:
+    doc = report(1000.0, b"loading target\n", gpu_error=NO_SMI)
+    doc["run"]["meta"].update({"kind": "eval", "evaluates": "20261129-102000-tiny", "started_at_epoch": 0.0})
+    lines = text(doc).splitlines()
+    assert "TRAINING" in lines[0]
+    assert lines[1] == "  why: evaluating run 20261129-102000-tiny (an evaluation logs no training steps)"
