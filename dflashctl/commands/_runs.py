@@ -49,8 +49,8 @@ class RunInfo:
         return float(value) if isinstance(value, int | float) else None
 
     def verdict(self, now: float | None = None) -> Verdict:
-        if self.alive:
-            return Verdict.TRAINING if self.last_step is not None else Verdict.STARTING
+        if self.alive:  # an evaluation logs no steps: running is all there is to say (as status says)
+            return Verdict.TRAINING if self.last_step is not None or self.kind == "eval" else Verdict.STARTING
         if self.stopped:
             return Verdict.STOPPED
         if self.exit_code == 0:
