@@ -42,6 +42,13 @@ def ssh_host(server: SshdServer, **kw) -> Host:
     return Host(**fields)
 
 
+def host_block(server: SshdServer, alias: str, *more: str) -> str:
+    """An ssh_config `Host` block that reaches the test sshd under `alias`, plus `more` option lines."""
+    lines = [f"HostName {server.address}", f"Port {server.port}", "User root", f"IdentityFile {server.client_key}",
+             *more]
+    return f"Host {alias}\n" + "".join(f"  {line}\n" for line in lines)
+
+
 def logins(server: SshdServer) -> int:
     return server.log.read_text(errors="replace").count("Accepted publickey")
 
@@ -134,8 +141,7 @@ def test_ssh_config_alias_supplies_hostname_port_user_and_identity(
     server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg = tmp_path / "ssh_config"
-    cfg.write_text(f"Host gpu-box\n  HostName {server.address}\n  Port {server.port}\n  User root\n"
-                   f"  IdentityFile {server.client_key}\n")
+    cfg.write_text(host_block(server, "gpu-box"))
     monkeypatch.setenv("DFLASHCTL_SSH_CONFIG", str(cfg))
     with SshTransport(Host(name="t", transport="ssh", address="gpu-box")) as t:
         assert t.run(["id", "-un"]).out == "root\n"
@@ -157,8 +163,7 @@ def test_proxy_jump_reaches_the_host_through_a_direct_tcpip_channel(
     server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg = tmp_path / "ssh_config"
-    cfg.write_text(f"Host jumpbox\n  HostName {server.address}\n  Port {server.port}\n  User root\n"
-                   f"  IdentityFile {server.client_key}\n")
+    cfg.write_text(host_block(server, "jumpbox"))
     monkeypatch.setenv("DFLASHCTL_SSH_CONFIG", str(cfg))
     before = logins(server)
     with SshTransport(ssh_host(server, proxy_jump="jumpbox")) as t:
@@ -307,8 +312,7 @@ RELAY = Path(__file__).resolve().parents[1] / "harness" / "tcp_relay.py"
 
 def proxied_config(server: SshdServer, tmp_path: Path, proxy: str, extra: str = "") -> Path:
     cfg = tmp_path / "ssh_config"
-    cfg.write_text(f"Host pve-proxied\n  HostName {server.address}\n  Port {server.port}\n  User root\n"
-                   f"  IdentityFile {server.client_key}\n  ProxyCommand {proxy}\n{extra}")
+    cfg.write_text(host_block(server, "pve-proxied", f"ProxyCommand {proxy}") + extra)
     return cfg
 
 
@@ -344,9 +348,7 @@ def test_a_proxy_command_that_exits_is_one_connect_error_quoting_its_stderr(
 def test_proxy_jump_wins_over_a_proxy_command_of_the_same_host(
     server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cfg = proxied_config(server, tmp_path, "false", extra=(
-        f"Host jumpbox\n  HostName {server.address}\n  Port {server.port}\n  User root\n"
-        f"  IdentityFile {server.client_key}\n"))
+    cfg = proxied_config(server, tmp_path, "false", extra=host_block(server, "jumpbox"))
     monkeypatch.setenv("DFLASHCTL_SSH_CONFIG", str(cfg))
     with SshTransport(ssh_host(server, address="pve-proxied", proxy_jump="jumpbox")) as t:
         assert t.run(["echo", "jumped"]).out == "jumped\n"
