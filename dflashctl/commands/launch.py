@@ -359,7 +359,9 @@ def is_training_step(line: str) -> bool:
     (`step=12 …`, `iter 100: …`). `resume: continuing from checkpoint step=285` and `eval step=100 …` name a step
     but are not one."""
     point = parse_progress(line, 0)
-    return point is not None and ("loss" in point.values or ("step" in point.values and bool(_STEP_FIRST.match(line))))
+    if point is None or point.kind != "train":
+        return False
+    return "loss" in point.values or ("step" in point.values and bool(_STEP_FIRST.match(line)))
 
 
 def wait(target: Target, run_id: str, what: WaitFor, timeout_s: float | None,
