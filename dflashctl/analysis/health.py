@@ -38,7 +38,7 @@ class ProcessState:
     stopped: bool = False  # stopped by the user (`dflashctl stop`)
     started_at: float | None = None
     ending: bool = False  # alive, but the trainer has exited: its supervisor is reaping the group (probe `ending`)
-    evaluates: str | None = None  # a `dflashctl eval` run: the run it evaluates (it logs no training steps)
+    job: str | None = None  # a run that is not training (eval, generate): what it does; it logs no training steps
 
 
 @dataclass(frozen=True)
@@ -324,8 +324,8 @@ def judge(ev: Evidence, thresholds: Thresholds = Thresholds()) -> Health:
 def _liveness(ev: Evidence, gpus: list[GpuStatus], progress: dict[str, float], since: float | None,
               t: Thresholds) -> tuple[Verdict, list[str]]:
     """Alive (or unknown) with no crashed thread: training, starting, or stalled."""
-    if ev.process.evaluates is not None:  # no steps to count: running is all there is to say until it ends
-        return Verdict.TRAINING, [f"evaluating run {ev.process.evaluates} (an evaluation logs no training steps)"]
+    if ev.process.job is not None:  # no steps to count: running is all there is to say until it ends
+        return Verdict.TRAINING, [f"{ev.process.job} (not a training run: no steps to wait for)"]
     held = [g for g in gpus if g.sample.memory_used_mib is not None and g.sample.memory_used_mib >= t.allocated_mib]
     all_idle_alloc = bool(held) and all(g.finding == GpuFinding.IDLE_ALLOCATED for g in held)
     window = _window(ev.sweeps, ev.now, t)

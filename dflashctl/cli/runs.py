@@ -229,6 +229,61 @@ def evaluate(
         raise Exit(code)
 
 
+@app.command("generate")
+def generate(
+    extra: list[str] | None = typer.Argument(None, metavar="[-- GENERATE_ARGS...]",
+                                             help="more `trainer.data generate` arguments: --limit N, --sample, "
+                                                  "--max-new-tokens N, --devices cuda:0,cuda:1 …"),
+    target_model: str = typer.Option(..., "--target", "-t", metavar="CKPT",
+                                     help="Hugging Face checkpoint directory in the container (Qwen3 / Llama)"),
+    prompts: str = typer.Option(..., "--prompts", "-p", metavar="PATH",
+                                help="prompt JSONL in the container (relative to <workspace>/code, or absolute)"),
+    out: str = typer.Option(..., "--out", "-o", metavar="DIR",
+                            help="data directory to write in the container; the same command again resumes it"),
+    name: str | None = typer.Option(None, "--name", "-n", help="run name (default: datagen-<out dir name>)"),
+    wait: bool = typer.Option(False, "--wait", help="stream the log until it ends (else return once it runs)"),
+    timeout: float | None = typer.Option(None, "--timeout", metavar="S",
+                                         help="with --wait: give up after S seconds (exit 101; it goes on)"),
+    kill_zombies: bool = typer.Option(False, "--kill-zombies", help="end processes of earlier runs first"),
+    source: Path | None = SourceOpt,
+    host: str | None = HostOpt,
+    hosts: Path | None = HostsOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Let the target answer a prompt set (training data), in the container, as a run of its own."""
+    from dflashctl.commands import generate as generate_cmd
+    from dflashctl.commands import launch as launch_cmd
+
+    opts = generate_cmd.GenerateOptions(target_model=target_model, prompts=prompts, out=out, extra=list(extra or []),
+                                        name=name, source=source, kill_zombies=kill_zombies)
+    say = (lambda m: _err(f"[dim]{escape(m)}[/]")) if not json_out else (lambda m: None)
+    with _target(hosts, host) as target:
+        with _launch_errors(target, json_out):
+            res = generate_cmd.start(target, opts, say=say)
+        doc: dict = {"host": target.host.name, "run_id": res.run_id, "run_dir": res.run_dir, "log": res.log_path,
+                     "out": out}
+        code = 0
+        if wait:
+            echo = None if json_out else (lambda b: (sys.stderr.buffer.write(b), sys.stderr.flush()))
+            try:
+                result = launch_cmd.wait(target, res.run_id, "exit", timeout, on_log=echo)
+            except KeyboardInterrupt:
+                _err(f"\ndetached; run {res.run_id} keeps generating (stop it with `dflashctl stop {res.run_id}`)")
+                raise Exit(0) from None
+            code = result.exit_code
+            doc["wait"] = {"reached": result.reached, "verdict": str(result.run.verdict()),
+                           "exit_code": result.run.exit_code, "waited_s": round(result.waited_s, 1)}
+            if not json_out:
+                _say_wait("exit", result, timeout)
+        elif not json_out:
+            _out(f"generating into {out} as run [bold]{escape(res.run_id)}[/] on {_where(target)}")
+            _out(f"  log  {res.log_path}\n  next dflashctl logs -f {res.run_id} | dflashctl status | "
+                 f"dflashctl stop {res.run_id}", markup=False, soft_wrap=True)
+        if json_out:
+            print_json(doc)
+        raise Exit(code)
+
+
 @contextmanager
 def _launch_errors(target: Target, json_out: bool):
     """What a refused or failed launch shows besides its one-line error: the processes in the way, or the first

@@ -34,7 +34,7 @@ class RunInfo:
 
     @property
     def kind(self) -> str:
-        """"train", or "eval" for a `dflashctl eval` run (meta.json `kind`; older runs have none: training)."""
+        """"train"; "eval" / "generate" for `dflashctl eval` / `generate` runs (meta.json; older runs: training)."""
         kind = (self.meta or {}).get("kind")
         return kind if isinstance(kind, str) else "train"
 
@@ -49,8 +49,8 @@ class RunInfo:
         return float(value) if isinstance(value, int | float) else None
 
     def verdict(self, now: float | None = None) -> Verdict:
-        if self.alive:  # an evaluation logs no steps: running is all there is to say (as status says)
-            return Verdict.TRAINING if self.last_step is not None or self.kind == "eval" else Verdict.STARTING
+        if self.alive:  # an evaluation or data generation logs no steps: running is all there is to say
+            return Verdict.TRAINING if self.last_step is not None or self.kind != "train" else Verdict.STARTING
         if self.stopped:
             return Verdict.STOPPED
         if self.exit_code == 0:

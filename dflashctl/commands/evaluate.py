@@ -39,7 +39,8 @@ def start(target: Target, opts: EvalOptions, *, say: Callable[[str], None] = lam
     checkpoint = [] if opts.untrained else ["--checkpoint", src.dir]
     return launch_cmd.launch(target, launch_cmd.LaunchOptions(
         name=f"eval-{src.name}", module=MODULE, container_config=src.config_path, source=opts.source,
-        kill_zombies=opts.kill_zombies, meta={"kind": "eval", "evaluates": src.id, "untrained": opts.untrained},
+        kill_zombies=opts.kill_zombies, meta={"kind": "eval", "evaluates": src.id, "untrained": opts.untrained,
+                                                "job": f"evaluating run {src.id}"},
         extra=[*checkpoint, "--prompts", opts.prompts, *(opts.extra or [])],
     ), say=say), src
 

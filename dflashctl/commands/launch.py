@@ -46,7 +46,8 @@ class LaunchOptions:
     confirm_s: float = CONFIRM_S
     resume_from: str | None = None  # a run id (or "latest"): start from its newest checkpoint, in a new run dir
     container_config: str | None = None  # a config path in the container (a run's config.toml); --config wins
-    meta: dict[str, object] = field(default_factory=dict)  # more meta.json fields (eval: kind, evaluates)
+    config_text: str | None = None  # the config itself (a job that needs none records what it is instead)
+    meta: dict[str, object] = field(default_factory=dict)  # more meta.json fields (kind, job, evaluates …)
 
 
 @dataclass
@@ -196,7 +197,7 @@ def ended_run(target: Target, run: str, purpose: str) -> EndedRun:
         run = training[0].id
     info, _ = get_run(target, run)
     if info.kind != "train":
-        raise ConfigError(f"run {info.id} is an evaluation, not a training run",
+        raise ConfigError(f"run {info.id} is not a training run (kind {info.kind})",
                           hint="name the training run (see `dflashctl runs`)")
     if info.alive:
         raise LaunchRefused(f"run {info.id} is still running; {purpose} once it has ended",
@@ -216,6 +217,8 @@ def _trainer_args(argv: object) -> list[str]:
 
 
 def _config(opts: LaunchOptions, host_config: str | None) -> tuple[str | None, str]:
+    if opts.config_text is not None:
+        return opts.config_text, "(inline)"
     if opts.config is None:
         return None, host_config or DEFAULT_CONFIG
     path = Path(opts.config).expanduser()

@@ -84,12 +84,12 @@ class StatusView:
         return rec
 
 
-def _evaluates(run: dict) -> str | None:
-    """The run a `dflashctl eval` run evaluates (meta.json kind = eval), else None."""
+def _job(run: dict) -> str | None:
+    """What a run that is not training does (meta.json `kind` eval / generate, its `job` line), else None."""
     meta = run.get("meta") or {}
-    if meta.get("kind") != "eval":
+    if meta.get("kind", "train") == "train":
         return None
-    return str(meta.get("evaluates") or "?")
+    return str(meta.get("job") or f"a {meta.get('kind')} run")
 
 
 def _started_at(run: dict[str, Any]) -> float | None:
@@ -182,7 +182,7 @@ class Watcher:
         if run:
             process = ProcessState(alive=bool(run.get("alive")), exit_code=run.get("exit_code"),
                                    stopped=bool(run.get("stopped")), started_at=_started_at(run),
-                                   ending=bool(run.get("ending")), evaluates=_evaluates(run))
+                                   ending=bool(run.get("ending")), job=_job(run))
         ev = Evidence(now=now, process=process, log=report, sweeps=list(self.sweeps),
                       errors=(run or {}).get("errors") or {}, heartbeat=hb if isinstance(hb, dict) else None,
                       last_progress_time=progress_time)

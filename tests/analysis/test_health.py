@@ -105,13 +105,14 @@ def test_idle_allocated_before_the_first_step_is_starting_until_the_grace_runs_o
 def test_an_evaluation_run_is_running_not_starting_or_stalled_however_long_it_takes() -> None:
     late = 1000.0 - Thresholds().startup_grace_s - 1
     log = scan(b"prompt tokens   new steps    tau   fwd  lossless\n")
-    ev = Evidence(now=1000.0, process=ProcessState(alive=True, started_at=late, evaluates="20261129-1-tiny"), log=log)
+    ev = Evidence(now=1000.0, process=ProcessState(alive=True, started_at=late, job="evaluating run 20261129-1-tiny"),
+                  log=log)
     h = judge(ev)
     assert h.verdict == Verdict.TRAINING and h.reasons == [
-        "evaluating run 20261129-1-tiny (an evaluation logs no training steps)"]
+        "evaluating run 20261129-1-tiny (not a training run: no steps to wait for)"]
     ev.process = ProcessState(alive=True, started_at=late)  # the same, as a training run: no first step, stalled
     assert judge(ev).verdict == Verdict.STALLED
-    ended = ProcessState(alive=False, exit_code=1, evaluates="20261129-1-tiny")  # a failed evaluation is a crash
+    ended = ProcessState(alive=False, exit_code=1, job="evaluating run 20261129-1-tiny")  # failed: a crash
     assert judge(Evidence(now=1000.0, process=ended, log=log)).verdict == Verdict.CRASHED
 
 

@@ -43,7 +43,7 @@ def test_eval_measures_the_latest_training_run_as_a_run_of_its_own_and_reports_i
         assert "mean acceptance length tau" in (rd / "train.log").read_text()
 
     not_training = cli("launch", "--resume-from", doc["run_id"])
-    assert not_training.code == 2 and "is an evaluation, not a training run" in not_training.err
+    assert not_training.code == 2 and "is not a training run (kind eval)" in not_training.err
 
     missing = cli("eval", train_id, "--prompts", str(tmp_path / "nope.jsonl"))
     assert missing.code == 100 and "Traceback" not in missing.err

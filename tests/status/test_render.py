@@ -84,7 +84,8 @@ def test_the_last_periodic_evaluation_shows_beside_the_training_step_and_never_r
 
 def test_a_live_evaluation_run_says_what_it_evaluates_instead_of_waiting_for_a_first_step() -> None:
     doc = report(1000.0, b"loading target\n", gpu_error=NO_SMI)
-    doc["run"]["meta"].update({"kind": "eval", "evaluates": "20261129-102000-tiny", "started_at_epoch": 0.0})
+    doc["run"]["meta"].update({"kind": "eval", "evaluates": "20261129-102000-tiny", "started_at_epoch": 0.0,
+                               "job": "evaluating run 20261129-102000-tiny"})
     lines = text(doc).splitlines()
     assert "TRAINING" in lines[0]
-    assert lines[1] == "  why: evaluating run 20261129-102000-tiny (an evaluation logs no training steps)"
+    assert lines[1] == "  why: evaluating run 20261129-102000-tiny (not a training run: no steps to wait for)"

@@ -1,0 +1,45 @@
+"""generate: the target answers a prompt set inside the container (`trainer.data generate`), as a run of its own.
+
+Data generation holds the target's GPUs for as long as the target takes to answer every prompt, so it is started
+like training: detached, marked, logged (`trainer.datagen_run`), so `status`, `logs -f`, `stop` and `kill-zombies`
+cover it. The same command again resumes at the first missing shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from dflashctl.commands import launch as launch_cmd
+from dflashctl.commands.launch import run_slug
+from dflashctl.errors import ConfigError
+from dflashctl.remote.target import Target
+
+MODULE = "trainer.datagen_run"
+# generation needs no trainer config; the launcher's convention wants one, so the run records this
+CONFIG = "# dflashctl generate: trainer.data generate needs no trainer config; its arguments are in meta.json argv\n"
+
+
+@dataclass
+class GenerateOptions:
+    target_model: str  # a Hugging Face checkpoint directory in the container
+    prompts: str  # prompt JSONL in the container (relative to <workspace>/code, or absolute)
+    out: str  # the data directory to write (or resume), in the container
+    extra: list[str] | None = None  # more `trainer.data generate` arguments: --limit, --sample, --devices …
+    name: str | None = None
+    source: Path | None = None
+    kill_zombies: bool = False
+
+
+def start(target: Target, opts: GenerateOptions, *, say: Callable[[str], None] = lambda _m: None
+          ) -> launch_cmd.LaunchResult:
+    for flag, value in (("--target", opts.target_model), ("--prompts", opts.prompts), ("--out", opts.out)):
+        if not value.strip():
+            raise ConfigError(f"{flag} is empty", hint="give a path in the container")
+    name = opts.name or f"datagen-{run_slug(PurePosixPath(opts.out.rstrip('/')).name or 'data')}"
+    return launch_cmd.launch(target, launch_cmd.LaunchOptions(
+        name=name, module=MODULE, config_text=CONFIG, source=opts.source, kill_zombies=opts.kill_zombies,
+        meta={"kind": "generate", "job": f"generating data into {opts.out}", "out": opts.out},
+        extra=["--target", opts.target_model, "--prompts", opts.prompts, "--out", opts.out, *(opts.extra or [])],
+    ), say=say)
