@@ -32,6 +32,7 @@ _err = partial(err_console.print, soft_wrap=True)
 
 SourceOpt = typer.Option(None, "--source", metavar="DIR",
                          help="trainer/ tree to deploy (default: the one installed with dflashctl)")
+KillZombiesOpt = typer.Option(False, "--kill-zombies", help="end processes of earlier runs first")
 
 
 @contextmanager
@@ -115,7 +116,7 @@ def launch(
     config: Path | None = typer.Option(None, "--config", "-c", metavar="FILE",
                                        help="local TOML config, uploaded as <run-dir>/config.toml "
                                             "(default: the host's `config`, else trainer/configs/tiny-cpu.toml)"),
-    kill_zombies: bool = typer.Option(False, "--kill-zombies", help="end processes of earlier runs first"),
+    kill_zombies: bool = KillZombiesOpt,
     resume_from: str | None = typer.Option(None, "--resume-from", metavar="RUN",
                                            help="continue an ended run (id or latest) from its newest checkpoint, "
                                                 "in a new run directory, with its config unless --config"),
@@ -177,7 +178,7 @@ def evaluate(
     wait: bool = typer.Option(True, "--wait/--no-wait", help="wait for the report (else print the eval run's id)"),
     timeout: float | None = typer.Option(None, "--timeout", metavar="S",
                                          help="give up waiting after S seconds (exit 101; the evaluation goes on)"),
-    kill_zombies: bool = typer.Option(False, "--kill-zombies", help="end processes of earlier runs first"),
+    kill_zombies: bool = KillZombiesOpt,
     source: Path | None = SourceOpt,
     host: str | None = HostOpt,
     hosts: Path | None = HostsOpt,
@@ -185,7 +186,6 @@ def evaluate(
 ) -> None:
     """Measure a run's drafter: acceptance length τ by real speculative decoding, as a run of its own."""
     from dflashctl.commands import evaluate as eval_cmd
-    from dflashctl.commands import launch as launch_cmd
 
     extra = list(extra or [])
     if run.startswith("-"):  # `eval -- --limit 2`: after `--` every word is positional, the first one lands in RUN;
@@ -204,13 +204,7 @@ def evaluate(
             else:
                 _out(res.run_id, markup=False)
             raise Exit(0)
-        echo = None if json_out else (lambda b: (sys.stderr.buffer.write(b), sys.stderr.flush()))
-        try:
-            result = launch_cmd.wait(target, res.run_id, "exit", timeout, on_log=echo)
-        except KeyboardInterrupt:
-            _err(f"\ndetached; evaluation run {res.run_id} keeps running (stop it with "
-                 f"`dflashctl stop {res.run_id}`)")
-            raise Exit(0) from None
+        result = _wait_job(target, res.run_id, timeout, json_out)
         code = result.exit_code
         if result.reached and result.run.exit_code in (0, 1):  # 1: it ran, but the lossless check failed
             report = eval_cmd.report(target, res.run_dir)
@@ -223,8 +217,7 @@ def evaluate(
         elif not json_out:
             _say_wait("exit", result, timeout)
         if json_out:
-            doc["wait"] = {"reached": result.reached, "verdict": str(result.run.verdict()),
-                           "exit_code": result.run.exit_code, "waited_s": round(result.waited_s, 1)}
+            doc["wait"] = _wait_record(result)
             print_json(doc)
         raise Exit(code)
 
@@ -244,7 +237,7 @@ def generate(
     wait: bool = typer.Option(False, "--wait", help="stream the log until it ends (else return once it runs)"),
     timeout: float | None = typer.Option(None, "--timeout", metavar="S",
                                          help="with --wait: give up after S seconds (exit 101; it goes on)"),
-    kill_zombies: bool = typer.Option(False, "--kill-zombies", help="end processes of earlier runs first"),
+    kill_zombies: bool = KillZombiesOpt,
     source: Path | None = SourceOpt,
     host: str | None = HostOpt,
     hosts: Path | None = HostsOpt,
@@ -252,7 +245,6 @@ def generate(
 ) -> None:
     """Let the target answer a prompt set (training data), in the container, as a run of its own."""
     from dflashctl.commands import generate as generate_cmd
-    from dflashctl.commands import launch as launch_cmd
 
     opts = generate_cmd.GenerateOptions(target_model=target_model, prompts=prompts, out=out, extra=list(extra or []),
                                         name=name, source=source, kill_zombies=kill_zombies)
@@ -264,15 +256,9 @@ def generate(
                      "out": out}
         code = 0
         if wait:
-            echo = None if json_out else (lambda b: (sys.stderr.buffer.write(b), sys.stderr.flush()))
-            try:
-                result = launch_cmd.wait(target, res.run_id, "exit", timeout, on_log=echo)
-            except KeyboardInterrupt:
-                _err(f"\ndetached; run {res.run_id} keeps generating (stop it with `dflashctl stop {res.run_id}`)")
-                raise Exit(0) from None
+            result = _wait_job(target, res.run_id, timeout, json_out)
             code = result.exit_code
-            doc["wait"] = {"reached": result.reached, "verdict": str(result.run.verdict()),
-                           "exit_code": result.run.exit_code, "waited_s": round(result.waited_s, 1)}
+            doc["wait"] = _wait_record(result)
             if not json_out:
                 _say_wait("exit", result, timeout)
         elif not json_out:
@@ -282,6 +268,23 @@ def generate(
         if json_out:
             print_json(doc)
         raise Exit(code)
+
+
+def _wait_job(target: Target, run_id: str, timeout: float | None, json_out: bool) -> launch_cmd.WaitResult:
+    """Wait for a job run (eval, generate) to end, its log streamed to stderr; Ctrl-C detaches (exit 0)."""
+    from dflashctl.commands import launch as launch_cmd
+
+    echo = None if json_out else (lambda b: (sys.stderr.buffer.write(b), sys.stderr.flush()))
+    try:
+        return launch_cmd.wait(target, run_id, "exit", timeout, on_log=echo)
+    except KeyboardInterrupt:
+        _err(f"\ndetached; run {run_id} keeps running (stop it with `dflashctl stop {run_id}`)")
+        raise Exit(0) from None
+
+
+def _wait_record(result: launch_cmd.WaitResult) -> dict:
+    return {"reached": result.reached, "verdict": str(result.run.verdict()), "exit_code": result.run.exit_code,
+            "waited_s": round(result.waited_s, 1)}
 
 
 @contextmanager
