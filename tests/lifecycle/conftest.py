@@ -11,12 +11,12 @@ import contextlib
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from harness.poll import wait_until  # noqa: F401 - the lifecycle tests import it from here
 
 from dflashctl.cli import main
 
@@ -52,16 +52,6 @@ def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> 
 def write_config(path: Path, **keys: object) -> Path:
     path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items()))
     return path
-
-
-def wait_until(cond: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def proc_state(pid: int) -> str | None:

@@ -83,11 +83,3 @@ def start_in_container(pve, run_id: str, step_s: float = 0.2) -> Path:  # noqa: 
     return run
 
 
-def wait_for(cond, timeout: float = 20.0, what: str = "condition"):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")

@@ -12,18 +12,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness.poll import wait_until
 
 from dflashctl.cli import main
 from dflashctl.commands import status as status_cmd
 from dflashctl.model import Verdict
 from dflashctl.remote import connect
-from status.runprog import start_local, wait_for
+from status.runprog import start_local
 
 
 @pytest.fixture
 def run(local_host) -> Iterator[tuple[Path, subprocess.Popen]]:  # noqa: ANN001 - harness LocalEnv
     run_dir, proc = start_local(local_host.workspace_dir, "20261129-100000-test")
-    wait_for(lambda: b"step=3" in (run_dir / "train.log").read_bytes(), what="three steps")
+    wait_until(lambda: b"step=3" in (run_dir / "train.log").read_bytes(), what="three steps")
     try:
         yield run_dir, proc
     finally:
@@ -54,7 +55,7 @@ def test_one_shot_status_names_the_crashed_thread_and_exits_105(run, local_host,
     run_dir, _ = run
     local_host.set_gpus([{"memory.used": 47421, "utilization.gpu": 0}, {"memory.used": 88283, "utilization.gpu": 0}])
     (run_dir / "crash").touch()
-    wait_for(lambda: b"RuntimeError: Detected" in (run_dir / "train.log").read_bytes(), what="the traceback")
+    wait_until(lambda: b"RuntimeError: Detected" in (run_dir / "train.log").read_bytes(), what="the traceback")
     code, [doc] = status_json(capsys)
     assert code == 105 and doc["verdict"] == "degraded"
     [t] = doc["threads"]

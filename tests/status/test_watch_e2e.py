@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from harness.poll import wait_until
 
-from status.runprog import start_in_container, wait_for
+from status.runprog import start_in_container
 
 DFLASHCTL = Path(sys.executable).parent / "dflashctl"
 RUN_ID = "20261129-101500-watch"
@@ -60,7 +61,7 @@ class Cli:
 def run_dir(pve) -> Path:  # noqa: ANN001 - harness PveEnv
     pve.set_gpus([{"index": i, "memory.used": 47421 + i, "utilization.gpu": 0} for i in range(3)])
     run = start_in_container(pve, RUN_ID, step_s=0.2)
-    wait_for(lambda: b"step=3" in (run / "train.log").read_bytes(), what="three steps in the container")
+    wait_until(lambda: b"step=3" in (run / "train.log").read_bytes(), what="three steps in the container")
     return run
 
 
