@@ -23,6 +23,8 @@ from dflashctl.model import Host
 HOST_KEYS = (
     "transport", "address", "user", "port", "identity_file", "proxy_jump", "container", "workspace",
     "python", "gpus", "config", "accept_new_host_key",
+    "code_source", "code_max_file_mib", "code_max_total_mib",
+    "command", "progress_regex",
 )
 GPU_KEYS = ("target", "drafters")
 SSH_ONLY = ("address", "user", "port", "identity_file", "proxy_jump", "accept_new_host_key")
@@ -249,4 +251,72 @@ def _host(name: str, t: dict[str, Any], where: _Where) -> Host:
         config=string("config"),
         accept_new_host_key=accept,
         source=where.path,
+        **_code_keys(name, t, where),
+        command=_command(name, t, where),
+        progress_regex=_progress_regex(name, t, where),
     )
+
+
+def _progress_regex(name: str, t: dict[str, Any], where: _Where) -> str | None:
+    """progress_regex = 'it (?P<step>\\d+)/(?P<total>\\d+) .* loss (?P<loss>[\\d.]+)': checked here, so a typo is an
+    error that names the file and line, not progress silently never seen."""
+    from dflashctl.analysis.progress import ProgressRegexError, custom
+
+    v = t.get("progress_regex")
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise where.error(name, "progress_regex", f"must be a string (a regex), not {_tname(v)}")
+    try:
+        custom(v)
+    except ProgressRegexError as e:
+        raise where.error(name, "progress_regex", str(e),
+                          hint="named groups: step, total, loss, grad_norm, lr, epoch, tok_s, it_s, eta_s; "
+                               "in TOML write it as a 'literal string' so backslashes stay") from None
+    return v
+
+
+def _command(name: str, t: dict[str, Any], where: _Where) -> tuple[str, ...] | None:
+    """command = ["python", "train.py"]: the argv `launch` starts (in <workspace>/code) instead of the
+    bundled trainer; no shell ever sees it."""
+    v = t.get("command")
+    if v is None:
+        return None
+    if not isinstance(v, list) or not v or any(not isinstance(a, str) for a in v) or not v[0]:
+        got = "an empty array" if v == [] else repr(v) if isinstance(v, list) else _tname(v)
+        raise where.error(name, "command", f'must be a non-empty array of strings like ["python", "train.py"], '
+                                           f"not {got}",
+                          hint='the argv as the program gets it, no shell: ["torchrun", "--nproc-per-node", "8", '
+                               '"train.py"]')
+    return tuple(v)
+
+
+def _code_keys(name: str, t: dict[str, Any], where: _Where) -> dict[str, Any]:
+    """code_source (a local directory; relative = next to hosts.toml) and the deploy size limits (MiB)."""
+    out: dict[str, Any] = {}
+    src = t.get("code_source")
+    if src is not None:
+        if not isinstance(src, str) or not src:
+            what = _tname(src) if src != "" else "empty"
+            raise where.error(name, "code_source", f"must be a directory path string, not {what}")
+        p = Path(src).expanduser()
+        out["code_source"] = str(p if p.is_absolute() else (where.path.parent / p).resolve())
+    for key in ("code_max_file_mib", "code_max_total_mib"):
+        v = t.get(key)
+        if v is None:
+            continue
+        if type(v) not in (int, float) or not v > 0:
+            raise where.error(name, key, f"must be a positive number of MiB like 50, not {v!r}")
+        out[key] = float(v)
+    return out
+
+
+def host_key_error(host: Host, key: str, problem: str, hint: str | None = None) -> ConfigError:
+    """An error about a host's key that parsed but turned out wrong when used (a directory gone since)."""
+    if host.source is None:
+        return ConfigError(f"[hosts.{host.name}] {key}: {problem}", hint=hint)
+    try:
+        text = host.source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    return _Where(host.source, text).error(host.name, key, problem, hint)

@@ -40,6 +40,11 @@ class Host:
     config: str | None = None  # trainer config launched when --config is not given
     accept_new_host_key: bool = False
     source: Path | None = None  # the hosts.toml this came from (for error messages)
+    code_source: str | None = None  # local directory `deploy` ships when --source is not given (None: our trainer)
+    code_max_file_mib: float = 50.0  # deploy refuses a tree with a file bigger than this
+    code_max_total_mib: float = 200.0  # ... or more than this in all
+    command: tuple[str, ...] | None = None  # what `launch` starts instead of the bundled trainer (argv)
+    progress_regex: str | None = None  # the user's trainer's own progress line (analysis.progress.custom)
 
     @property
     def endpoint(self) -> str:

@@ -63,6 +63,34 @@ if [[ $rc -ne 103 ]]; then echo "stop returned $rc (expected 103: stopped by use
 
 show runs "${HOST[@]}"
 "$DFLASHCTL" runs "${HOST[@]}"
+
+# What the seed's engineer never saw: a drafter thread dies mid-run (the trainer's fault hook, DFLASH_FAULT,
+# passed with --env: `pct exec` passes no variables of ours). The watch names the thread and its exception the
+# moment its traceback is written and exits with the verdict's code (105 degraded while the process lives,
+# 100 once the trainer has taken itself down, as it does within seconds to free the GPUs).
+FAULT_AT=${DEMO_FAULT_STEP:-40}
+before=$(latest)
+LAUNCH=(launch "${HOST[@]}" --name demo-fault --env "DFLASH_FAULT=drafter-1@$FAULT_AT" --wait-for step --timeout 300
+        -- --set train.steps="${DEMO_STEPS:-5000}")
+show "${LAUNCH[@]}"
+"$DFLASHCTL" "${LAUNCH[@]}"
+rc=$?
+after=$(latest)
+if [[ -n $after && $after != "$before" ]]; then RUN=$after; fi
+if [[ $rc -ne 0 ]]; then exit "$rc"; fi
+show status "${HOST[@]}" "$RUN" --watch --exit-on-failure "  # drafter-1 dies at step $FAULT_AT"
+timeout -s INT 300 "$DFLASHCTL" status "${HOST[@]}" "$RUN" --watch --exit-on-failure
+rc=$?
+if [[ $rc -ne 105 && $rc -ne 100 ]]; then echo "the watch returned $rc (expected 105 or 100: a worker crashed)"; exit 1; fi
+printf '\n'
+echo "(the watch exited $rc: $([[ $rc -eq 105 ]] && echo 'degraded, caught while the process was alive' || echo 'crashed'))"
+show logs "${HOST[@]}" "$RUN" --errors
+"$DFLASHCTL" logs "${HOST[@]}" "$RUN" --errors
+show status "${HOST[@]}" "$RUN"
+"$DFLASHCTL" status "${HOST[@]}" "$RUN"
+RUN=""
+show runs "${HOST[@]}"
+"$DFLASHCTL" runs "${HOST[@]}"
 # What training buys: the acceptance length tau (tokens accepted per target forward in real block
 # speculative decoding) of an untrained vs a trained drafter on a tiny Hugging Face target, with the
 # check that speculative output equals the target's greedy output.
@@ -70,4 +98,5 @@ printf '\n\033[1m$ python benchmarks/acceptance.py --quick   # tau before/after 
 .venv/bin/python benchmarks/acceptance.py --quick --out "$(mktemp -d)/acceptance" || exit $?
 
 echo
-echo "demo done: the run was deployed, launched detached, watched training, and stopped; tau measured before/after."
+echo "demo done: the run was deployed, launched detached, watched training, and stopped; a crashed drafter thread"
+echo "was caught live and named; tau measured before/after."

@@ -194,3 +194,15 @@ def test_without_default_several_hosts_need_a_name(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no `default` host"):
         inv.get(None)
     assert inv.get("b").address == "b.example.invalid"
+
+
+def test_a_hosts_progress_regex_is_checked_where_it_is_written(tmp_path: Path) -> None:
+    good = write(tmp_path / "good.toml", "[hosts.x]\ntransport = \"local\"\n"
+                                         "progress_regex = 'it (?P<step>\\d+) of (?P<total>\\d+)'\n")
+    assert load_inventory(good).get("x").progress_regex == r"it (?P<step>\d+) of (?P<total>\d+)"
+    for regex, problem in (("it (\\d+", "does not compile"), ("it (\\d+)", "none of the named groups"),
+                           ("(?P<step>\\d*)", "matches an empty line")):
+        bad = write(tmp_path / "bad.toml", f"[hosts.x]\ntransport = \"local\"\nprogress_regex = '{regex}'\n")
+        with pytest.raises(ConfigError) as e:
+            load_inventory(bad)
+        assert f"{bad}:3: [hosts.x] progress_regex:" in e.value.message and problem in e.value.message

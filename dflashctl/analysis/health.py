@@ -83,8 +83,9 @@ class Health:
     gpus: list[GpuStatus]
     hits: list[SignatureHit]  # active signature hits, one per id (the first, with its evidence line)
     final_exception: str | None
-    progress: dict[str, float]  # latest step, loss, tok/s, acc_len … (log, else heartbeat)
+    progress: dict[str, float]  # latest step, total, loss, tok/s, it/s, eta_s, acc_len … (log, else heartbeat)
     seconds_since_progress: float | None
+    root_cause: str | None = None  # the worker (thread or rank) that failed first
 
     @property
     def exit_code(self) -> int:
@@ -169,8 +170,11 @@ def _threads(log: LogReport | None, errors: Mapping[str, Mapping[str, Any]],
                 row["name"], state="crashed" if state == "crashed" else "finished" if state == "finished" else "running"
             )
     if log is not None:
-        for name, ts in log.threads.items():
-            threads[name] = ThreadState(ts.name, ts.state, ts.exception, ts.message, ts.traceback)
+        for name, f in log.workers.items():  # ranks a launcher reported failed (exit code, signal)
+            threads[name] = ThreadState(name, "crashed", None, f.how, None)
+        for name, ts in log.threads.items():  # their own tracebacks say more
+            message = ts.message or (threads[name].message if name in threads else None)
+            threads[name] = ThreadState(ts.name, ts.state, ts.exception, message, ts.traceback)
     for name, doc in errors.items():
         if not isinstance(doc, Mapping):
             continue
@@ -212,6 +216,10 @@ def active_hits(log: LogReport | None, extra: Sequence[SignatureHit] = ()) -> li
                 if not recovered:
                     out[h.signature.id] = h
                 continue
+            if rule.progress_zero:  # a run of 0.0 losses is history once the loss moved again
+                if log.last_nonzero_loss_line is None or log.last_nonzero_loss_line < h.line:
+                    out.setdefault(h.signature.id, h)
+                continue
             if (h.signature.id, h.line) in in_thread or rule.sticky or not recovered:
                 out.setdefault(h.signature.id, h)
     for h in extra:
@@ -236,9 +244,20 @@ def _final_main_traceback(log: LogReport | None) -> Traceback | None:
     return tb
 
 
+_STEP_KEYS = ("step", "total", "it/s", "eta_s")  # what a step-counting line (a bar) says, beside dict lines
+
+
 def _progress(log: LogReport | None, heartbeat: Mapping[str, Any] | None) -> dict[str, float]:
     if log is not None and log.last_progress is not None:
         values = dict(log.last_progress.values)
+        stepped = log.last_step_point
+        if "step" not in values and stepped is not None:  # HF Trainer: `{'loss': …}` between two tqdm bars
+            values.update({k: v for k, v in stepped.values.items() if k in _STEP_KEYS})
+        if "step" in values and "total" not in values:  # the total an earlier line gave (Megatron, a bar) still holds
+            total = next((p.values["total"] for p in reversed(log.progress)
+                          if p.kind == "train" and p.values.get("total", -1) >= values["step"]), None)
+            if total is not None:
+                values["total"] = total
         evaluated = log.last_eval
         if evaluated is not None:  # τ by real speculative decoding, next to the training batch's estimate
             values.update({f"eval_{k}": v for k, v in evaluated.values.items()
@@ -266,6 +285,7 @@ def judge(ev: Evidence, thresholds: Thresholds = Thresholds()) -> Health:
     final_exception = ev.log.final_exception if ev.log is not None else None
     if final_exception is None and crashed:
         final_exception = next((x.exception for x in reversed(crashed) if x.exception), None)
+    root_cause = _root_cause(ev.log, crashed)
     progress = _progress(ev.log, ev.heartbeat)
     since = None
     if ev.now is not None and ev.last_progress_time is not None:
@@ -289,7 +309,7 @@ def judge(ev: Evidence, thresholds: Thresholds = Thresholds()) -> Health:
             reasons.append(f"process gone after an uncaught {final_tb.exc_type}")
         elif crashed:
             verdict = Verdict.CRASHED
-            reasons.append(f"process gone (no exit code) after thread(s) crashed: {crashed_names}")
+            reasons.append(f"process gone (no exit code) after worker(s) crashed: {crashed_names}")
         else:
             verdict = Verdict.LOST
             reasons.append("no process and no exit code (killed, or the host rebooted)")
@@ -303,7 +323,7 @@ def judge(ev: Evidence, thresholds: Thresholds = Thresholds()) -> Health:
                        + (f"; crashed threads: {crashed_names}" if crashed else ""))
     elif crashed:
         verdict = Verdict.DEGRADED
-        reasons.append(f"worker thread(s) crashed: {crashed_names}; "
+        reasons.append(f"worker(s) crashed: {crashed_names}; "
                        + ("process alive" if proc.alive else "process state unknown (offline)"))
     else:
         verdict, why = _liveness(ev, gpus, progress, since, t)
@@ -318,7 +338,21 @@ def judge(ev: Evidence, thresholds: Thresholds = Thresholds()) -> Health:
     orphaned = [g.index for g in gpus if g.finding == GpuFinding.ORPHANED]
     if orphaned:
         reasons.append(f"GPU(s) {_ranges(orphaned)} hold memory that belongs to no live run")
-    return Health(verdict, reasons, threads, gpus, hits, final_exception, progress, since)
+    if root_cause is not None and len(crashed) > 1:
+        reasons.append(f"first to fail: {root_cause}")
+    return Health(verdict, reasons, threads, gpus, hits, final_exception, progress, since, root_cause)
+
+
+def _root_cause(log: LogReport | None, crashed: list[ThreadState]) -> str | None:
+    """The launcher's word (torchrun's "Root Cause (first observed failure)"), else the worker whose failure the
+    log shows first, else (error files only) the first crashed thread by name."""
+    if log is not None and log.root_cause is not None:
+        return log.root_cause
+    if log is not None:
+        order = log.crashed_workers()
+        if order:
+            return order[0][1]
+    return crashed[0].name if crashed else None
 
 
 def _liveness(ev: Evidence, gpus: list[GpuStatus], progress: dict[str, float], since: float | None,
@@ -365,11 +399,21 @@ def _ranges(indices: Sequence[int]) -> str:
 # -- the record (--json and the table are both built from this) -------------------------------------------
 
 
+def progress_record(values: Mapping[str, float]) -> dict[str, Any] | None:
+    """The `progress` record of `status --json` and `diagnose --json` alike: the latest values as the log gave them
+    (step, total, loss, grad_norm, lr, tok/s, it/s, eta_s, epoch, acc_len …), step and total as integers."""
+    if not values:
+        return None
+    return {k: int(v) if k in ("step", "total") and float(v).is_integer() else v for k, v in values.items()}
+
+
 def to_record(h: Health) -> dict[str, Any]:
     """The `diagnose --json` contract (issue 4); `status --json` adds run and host fields around it."""
     return {
         "verdict": str(h.verdict),
         "final_exception": h.final_exception,
+        "root_cause": h.root_cause,
+        "progress": progress_record(h.progress),
         "threads": [
             {"name": t.name, "state": t.state, "exception": t.exception, "message": t.message,
              "traceback": t.traceback}

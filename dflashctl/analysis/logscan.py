@@ -23,8 +23,10 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from dflashctl.analysis import signatures
+from dflashctl.analysis import lineprefix, signatures
 from dflashctl.analysis.progress import PROGRESS_TOKENS, parse_progress
+from dflashctl.analysis.workers import ANCHORS as WORKER_ANCHORS
+from dflashctl.analysis.workers import WorkerFailure, WorkerTracker, signal_kind
 from dflashctl.model import ProgressPoint, SignatureHit, ThreadState
 
 MAX_LINE = 1 << 20  # a partial line longer than this (a \r progress bar with no \n) is processed anyway
@@ -57,6 +59,16 @@ _CHAIN_RE = re.compile(
 _EXC_RE = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?::(?: (.*))?)?\s*$")
 _FRAME_RE = re.compile(r'^\s+File "([^"]*)", line (\d+)')
 _CARET_RE = re.compile(r"^[\s^~]+$")
+# An exception line with no traceback above it (users and launchers often keep only the last line): a dotted
+# CamelCase type that ends like an exception, or one of the few exception types that do not (never a Warning).
+_BARE_EXC_RE = re.compile(
+    r"^((?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Interrupt|Failed|Fault)|OutOfResources|Unsupported"
+    r"|FailOnRecompileLimitHit|RecompileLimitExceeded|StopIteration|KeyboardInterrupt))"
+    r"(?::(?: (.*))?$|(?<=Error)$|(?<=Exception)$)"  # `…errors.CompilationError` alone: its message was cut off
+)
+# C++: `terminate called after throwing an instance of 'c10::DistBackendError'` (then `  what():  …`)
+_TERMINATE_RE = re.compile(r"terminate called after throwing an instance of '([\w:<>]+)'")
+_RANK_BEFORE_RE = re.compile(r"\[(?:rank|default)(\d+)\]:\s?$")  # `…bar…][rank3]: Traceback (most recent …`
 _LOGREC_RE = re.compile(
     r"^(?:\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d|\[?(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\b"
     r"|[IWEF]\d{4} \d\d:\d\d:\d\d|\[rank\d+\]|\d\d:\d\d:\d\d\b)"
@@ -65,7 +77,9 @@ _LOGREC_RE = re.compile(
 # A "special" line can start or hold a traceback or a signature; every other line can at most be progress.
 # Literal anchors only (see signatures.ANCHORS): the regex engine then skips ordinary text at C speed.
 _SPECIAL_RE = re.compile(
-    "|".join(re.escape(a) for a in ("Traceback (most recent call last)", "Exception", *signatures.ANCHORS)).encode()
+    "|".join(re.escape(a) for a in ("Traceback (most recent call last)", "Exception", "Failed", "Interrupt",
+                                    "terminate called",
+                                    "OutOfResources", "Unsupported", *signatures.ANCHORS, *WORKER_ANCHORS)).encode()
 )
 _PROGRESS_TOKENS = tuple(t.encode() for t in PROGRESS_TOKENS)
 
@@ -84,6 +98,8 @@ class Traceback:
     frames: list[str] = field(default_factory=list)  # file paths of `File "…"` lines, in order
     hits: list[SignatureHit] = field(default_factory=list)
     ignored: bool = False  # `Exception ignored in …` (unraisable): printed, not fatal
+    rank: int | None = None  # the rank whose stream printed it (`[rank3]: …` prefixes)
+    bare: bool = False  # an exception line with no `Traceback (most recent call last):` above it
 
     @property
     def exc_line(self) -> str:
@@ -108,6 +124,9 @@ class LogReport:
     progress_count: int = 0
     last_finite_loss_line: int | None = None
     end: tuple[str, int] | None = None  # the trainer's `training finished|aborted|stopped` line, if any
+    workers: dict[str, WorkerFailure] = field(default_factory=dict)  # ranks a launcher reported failed
+    root_cause: str | None = None  # the worker a launcher named as the first observed failure
+    last_nonzero_loss_line: int | None = None  # a later non-zero loss means an earlier run of 0.0 recovered
 
     @property
     def last_progress(self) -> ProgressPoint | None:
@@ -120,12 +139,32 @@ class LogReport:
         return next((p for p in reversed(self.progress) if p.kind == "eval"), None)
 
     @property
+    def last_step_point(self) -> ProgressPoint | None:
+        """The last training point that counted a step (a Hugging Face dict line between two bars counts none)."""
+        return next((p for p in reversed(self.progress) if p.kind == "train" and "step" in p.values), None)
+
+    @property
     def final_exception(self) -> str | None:
-        """The exception type of the last traceback that printed one, exactly as printed."""
+        """The exception type of the last exception the log printed, exactly as printed: a worker's (thread, rank)
+        always; the main stream's only when training did not go on after it (then it was caught and survived)."""
+        last = self.last_progress
         for tb in reversed(self.tracebacks):
-            if tb.exc_type and not tb.ignored:
-                return tb.exc_type
+            if not tb.exc_type or tb.ignored:
+                continue
+            if tb.thread is None and last is not None and last.line > tb.last_line:
+                continue
+            return tb.exc_type
         return None
+
+    def crashed_workers(self) -> list[tuple[int, str]]:
+        """(first line, name) of every crashed thread or rank, in the order they failed."""
+        first: dict[str, int] = {}
+        for tb in self.tracebacks:
+            if tb.thread is not None and not tb.ignored:
+                first.setdefault(tb.thread, tb.first_line)
+        for name, f in self.workers.items():
+            first[name] = min(first.get(name, f.line), f.line)
+        return sorted((line, name) for name, line in first.items())
 
 
 @dataclass
@@ -149,6 +188,10 @@ class _Open:
     continuation: int = 0
     garbage: int = 0
     ignored: bool = False
+    rank: int | None = None
+    record: str = ""  # the record prefix shape of its first line (lines of the same record share it)
+    bare: bool = False
+    threaded: bool = False  # under an `Exception in thread NAME:` header
 
     def add(self, n: int, t: str) -> None:
         if len(self.lines) < MAX_TB_LINES:
@@ -167,7 +210,12 @@ def _clean(raw: bytes) -> str:
 class LogScanner:
     """Feed it log bytes in order; it keeps every bit of state needed to continue."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress_regex: re.Pattern[str] | None = None) -> None:
+        """progress_regex: the user's own progress format (named groups step, total, loss …; progress.custom);
+        lines it matches are read like the known progress forms, at the same speed."""
+        self.progress_regex = progress_regex
+        self._special = _SPECIAL_RE if progress_regex is None else re.compile(
+            _SPECIAL_RE.pattern + b"|" + progress_regex.pattern.encode())
         self.reset()
 
     def reset(self) -> None:
@@ -190,6 +238,32 @@ class LogScanner:
         self.last_finite_loss_line: int | None = None  # a later finite loss means an earlier NaN recovered
         self.end: tuple[str, int] | None = None  # ("finished"|"aborted"|"stopped", line): the trainer's last word
         self.threads: dict[str, ThreadState] = {}
+        self.workers = WorkerTracker()
+        self.last_nonzero_loss_line: int | None = None
+        self._zero_run = 0
+        # one traceback state per stream: ranks' tracebacks interleave line by line (`[rank3]: …`, `[rank1]: …`)
+        self._streams: dict[int | None, tuple[_Open | None, deque[_Header], int | None, int]] = {}
+        self._key: int | None = None
+        self._rank: int | None = None  # the current line's rank
+        self._record = ""  # the current line's record prefix shape
+
+    # -- streams -------------------------------------------------------------------------------------
+
+    def _switch(self, key: int | None) -> None:
+        """Make `key`'s traceback state the current one (the others wait, untouched)."""
+        if key == self._key:
+            return
+        if not self._stream_idle():
+            self._streams[self._key] = (self._tb, self._pending, self._frag_line, self._frags)
+        self._key = key
+        self._tb, self._pending, self._frag_line, self._frags = self._streams.pop(key, (None, deque(), None, 0))
+
+    def _stream_idle(self) -> bool:
+        return self._tb is None and not self._pending and self._frag_line is None
+
+    def _idle(self) -> bool:
+        """No stream has a traceback open or a thread header waiting: ordinary lines may be skipped."""
+        return self._stream_idle() and not self._streams
 
     # -- input ---------------------------------------------------------------------------------------
 
@@ -216,10 +290,14 @@ class LogScanner:
             self.line_no += 1
             self._line(self.line_no, self._partial)
             self._partial = b""
-        if self._tb is not None:
-            self._close()
-        while self._pending:
-            self._header_only(self._pending.popleft())
+        for key in [self._key, *self._streams]:
+            self._switch(key)
+            self._rank, self._record = key, ""
+            if self._tb is not None:
+                self._close()
+            while self._pending:
+                self._header_only(self._pending.popleft())
+            self._frag_line, self._frags = None, 0
         self._commit()
         return self._out
 
@@ -227,10 +305,10 @@ class LogScanner:
 
     def _scan(self, buf: bytes, end: int) -> None:
         pos = 0
-        find, count, search = buf.find, buf.count, _SPECIAL_RE.search
+        find, count, search = buf.find, buf.count, self._special.search
         ordinary: list[tuple[int, int, int]] = []  # stretches of ordinary lines: (start, stop, last line no)
         while pos < end:
-            if self.fast and self._tb is None and not self._pending and self._frag_line is None:
+            if self.fast and self._idle():
                 m = search(buf, pos, end)
                 stop = end if m is None else buf.rfind(b"\n", pos, m.start()) + 1  # start of the special line
                 if stop > pos:  # ordinary lines: only progress can be there
@@ -272,7 +350,7 @@ class LogScanner:
             line_no -= buf.count(b"\n", le + 1, hi) if le >= 0 else 0
             text = _clean(buf[max(ls, start):le if le >= 0 else hi])
             self._end_marker(text, line_no)
-            p = parse_progress(text.rsplit("\r", 1)[-1], line_no)
+            p = parse_progress(text.rsplit("\r", 1)[-1], line_no, self.progress_regex)
             if p is not None:
                 found += 1
                 self._progress(p, None)
@@ -293,6 +371,21 @@ class LogScanner:
     # -- per line ------------------------------------------------------------------------------------
 
     def _segment(self, n: int, t: str) -> None:
+        i = t.find(TB_START)
+        if i > 0 and t[:i].strip():  # a traceback glued to the end of another line (a tqdm bar without \n)
+            m = _RANK_BEFORE_RE.search(t, 0, i)
+            j = m.start() if m else i
+            if t[:j].strip():
+                self._segment(n, t[:j])
+                t = t[j:]
+        sp = lineprefix.split(t)
+        t, self._rank, self._record = sp.body, sp.rank, sp.record
+        self._switch(sp.rank)
+        deaths = len(self.workers.deaths)
+        self.workers.feed(n, t, sp.rank)
+        for line, code, sig, text in self.workers.deaths[deaths:]:
+            for rule in signatures.match_death(signal_kind(code, sig)):
+                self._hit(SignatureHit(rule.signature, line, text.strip()[:500]))
         if _FRAG in t:
             t = self._unglue(n, t)
         if self._tb is not None:
@@ -383,10 +476,16 @@ class LogScanner:
             self.end = (m.group(1), n)
 
     def _plain(self, n: int, t: str) -> None:
+        m = _BARE_EXC_RE.match(t) or _TERMINATE_RE.search(t)
+        if m:
+            self._open_bare(n, t, m)
+            return
         self._end_marker(t, n)
         for rule in signatures.match_line(t):
             self._hit(SignatureHit(rule.signature, n, t.strip()[:500]))
-        p = parse_progress(t, n)
+            if self._rank is not None and not rule.sticky:  # a rank that reports a failure of its own has failed
+                self.workers.failed_by_message(f"rank{self._rank}", n, t)
+        p = parse_progress(t, n, self.progress_regex)
         if p is not None:
             self.progress_count += 1
             self._progress(p, t)
@@ -400,13 +499,22 @@ class LogScanner:
         for p, text in self._batch:
             self.progress.append(p)
             self._out.append(p)
-            loss = p.values.get("loss")
-            if loss is not None and math.isfinite(loss):
+            loss, norm = p.values.get("loss"), p.values.get("grad_norm")
+            line = text if text is not None else " ".join(f"{k}={v:g}" for k, v in p.values.items())
+            if loss is not None and math.isfinite(loss) and (norm is None or math.isfinite(norm)):
                 self.last_finite_loss_line = p.line
-            if loss is not None and not math.isfinite(loss):
-                line = text if text is not None else " ".join(f"{k}={v:g}" for k, v in p.values.items())
+            if any(v is not None and not math.isfinite(v) for v in (loss, norm)):
                 for rule in signatures.LOSS_RULES:
                     self._hit(SignatureHit(rule.signature, p.line, line.strip()[:500]))
+            if loss is not None and p.kind == "train":
+                if loss == 0.0:
+                    self._zero_run += 1
+                    if self._zero_run == signatures.ZERO_RUN:
+                        for rule in signatures.ZERO_LOSS_RULES:
+                            self._hit(SignatureHit(rule.signature, p.line, line.strip()[:500]))
+                elif math.isfinite(loss):
+                    self._zero_run = 0
+                    self.last_nonzero_loss_line = p.line
         self._batch = []
         self._out.sort(key=_event_line)
 
@@ -421,9 +529,17 @@ class LogScanner:
             self.hits[self._hit_last[k]] = hit
         self._out.append(hit)
 
+    def _worker(self, header: _Header | None) -> str | None:
+        """Who printed it: the thread of its header, the rank of its stream (`rank3`, `rank3/drafter-1`), or None
+        (the main thread of a single process)."""
+        if self._rank is None:
+            return header.name if header else None
+        return f"rank{self._rank}/{header.name}" if header else f"rank{self._rank}"
+
     def _open(self, n: int, t: str, *, ignored: bool = False) -> None:
         header = None if ignored or not self._pending else self._pending.popleft()
-        tb = _Open(thread=header.name if header else None, first_line=header.line if header else n, ignored=ignored)
+        tb = _Open(thread=None if ignored else self._worker(header), first_line=header.line if header else n,
+                   ignored=ignored, rank=self._rank, record=self._record, threaded=header is not None)
         if header:
             tb.add(header.line, header.text)
         tb.add(n, t)
@@ -431,11 +547,29 @@ class LogScanner:
             tb.state = "chain"  # the `Traceback (most recent call last):` follows
         self._tb = tb
 
+    def _open_bare(self, n: int, t: str, m: re.Match[str]) -> None:
+        """`torch.OutOfMemoryError: CUDA out of memory …` with no traceback above it: an exception all the same
+        (its message may go on over the next lines, as a traceback's does)."""
+        header = self._pending.popleft() if self._pending else None
+        tb = _Open(thread=self._worker(header), first_line=header.line if header else n, rank=self._rank,
+                   record=self._record, bare=True, threaded=header is not None)
+        if header:
+            tb.add(header.line, header.text)
+        tb.add(n, t)
+        tb.excs.append((m.group(1), m.group(2) if m.re is _BARE_EXC_RE else None, n))
+        tb.state = "exc"
+        self._tb = tb
+
     def _in_traceback(self, n: int, t: str) -> str:
         """Take line t into the open traceback: 'consumed', 'foreign' (not ours, tb stays open) or 'closed'."""
         tb = self._tb
         assert tb is not None
         st = tb.state
+        if self._record and self._record != tb.record:  # another writer's log record between its lines
+            if st == "exc":
+                self._close()
+                return "closed"
+            return "foreign"
         m = _HEADER_RE.search(t)
         if m:
             if st == "exc" and tb.concurrent == 0:
@@ -507,7 +641,8 @@ class LogScanner:
         rest = tb.concurrent - 1
         self._close()
         header = self._pending.popleft() if self._pending else None
-        nxt = _Open(thread=header.name if header else None, first_line=header.line if header else n)
+        nxt = _Open(thread=self._worker(header), first_line=header.line if header else n, rank=tb.rank,
+                    record=tb.record, threaded=header is not None)
         if header:
             nxt.add(header.line, header.text)
         nxt.concurrent = rest
@@ -534,14 +669,17 @@ class LogScanner:
             chain=[(t, m or "") for t, m, _ in tb.excs[:-1]],
             frames=tb.frames,
             ignored=tb.ignored,
+            rank=tb.rank,
+            bare=tb.bare,
         )
-        self._finish(out, tb.lines, tb.excs[-1][2] if tb.excs else tb.first_line)
+        self._finish(out, tb.lines, tb.excs[-1][2] if tb.excs else tb.first_line, threaded=tb.threaded)
 
     def _header_only(self, h: _Header) -> None:
         """A thread header whose traceback never came (or was grepped away, as in the seed)."""
-        self._finish(Traceback(h.name, h.line, h.line, h.text, None, None), [(h.line, h.text)], h.line)
+        self._finish(Traceback(self._worker(h), h.line, h.line, h.text, None, None, rank=self._rank),
+                     [(h.line, h.text)], h.line)
 
-    def _finish(self, tb: Traceback, lines: list[tuple[int, str]], exc_line: int) -> None:
+    def _finish(self, tb: Traceback, lines: list[tuple[int, str]], exc_line: int, *, threaded: bool = True) -> None:
         seen: set[str] = set()
         # the exception lines first: a frame's source line (`raise RuntimeError("…")`) is weaker evidence
         for n, t in sorted(lines, key=lambda nt: nt[1][:1].isspace()):
@@ -554,8 +692,8 @@ class LogScanner:
             if rule.signature.id not in seen:
                 seen.add(rule.signature.id)
                 tb.hits.append(SignatureHit(rule.signature, exc_line, exc_text.strip()[:500]))
-        if not seen and tb.thread is not None and tb.exc_type is not None:
-            for rule in signatures.match_frames(tb.frames):
+        if not seen and threaded and tb.thread is not None and tb.exc_type is not None:
+            for rule in signatures.match_frames(tb.frames):  # a worker *thread* (ranks are processes)
                 seen.add(rule.signature.id)
                 tb.hits.append(SignatureHit(rule.signature, exc_line, exc_text.strip()[:500]))
         for hit in tb.hits:
@@ -579,7 +717,7 @@ class LogScanner:
         tracebacks = list(self.tracebacks)
         threads = dict(self.threads)
         hits = list(self.hits)
-        if self._tb is not None or self._pending:
+        if not self._idle():
             probe = _copy_state(self)
             probe.flush()
             tracebacks += [e for e in probe._out if isinstance(e, Traceback)]
@@ -595,6 +733,9 @@ class LogScanner:
             progress_count=self.progress_count,
             last_finite_loss_line=self.last_finite_loss_line,
             end=self.end,
+            workers=dict(self.workers.failures),
+            root_cause=self.workers.root_cause,
+            last_nonzero_loss_line=self.last_nonzero_loss_line,
         )
 
 
@@ -622,23 +763,28 @@ def _event_line(e: Event) -> int:
     return e.first_line if isinstance(e, Traceback) else e.line
 
 
+def _copy_open(tb: _Open | None) -> _Open | None:
+    if tb is None:
+        return None
+    return _Open(tb.thread, tb.first_line, list(tb.lines), tb.state, list(tb.excs), list(tb.frames), tb.concurrent,
+                 tb.continuation, tb.garbage, tb.ignored, tb.rank, tb.record, tb.bare, tb.threaded)
+
+
 def _copy_state(s: LogScanner) -> LogScanner:
-    """A throwaway scanner holding only s's open traceback and pending headers, to flush them."""
-    c = LogScanner()
+    """A throwaway scanner holding only s's open tracebacks and pending headers (every stream's), to flush them."""
+    c = LogScanner(s.progress_regex)
     c.line_no = s.line_no
-    if s._tb is not None:
-        tb = s._tb
-        c._tb = _Open(tb.thread, tb.first_line, list(tb.lines), tb.state, list(tb.excs), list(tb.frames),
-                      tb.concurrent, tb.continuation, tb.garbage, tb.ignored)
+    c._tb, c._key, c._rank = _copy_open(s._tb), s._key, s._rank
+    c._streams = {k: (_copy_open(tb), deque(p), f, n) for k, (tb, p, f, n) in s._streams.items()}
     c._pending = deque(s._pending)
     c._hit_counts = dict(s._hit_counts)
     c._hit_last, c.hits = dict(s._hit_last), list(s.hits)
     return c
 
 
-def scan(data: bytes) -> LogReport:
+def scan(data: bytes, progress_regex: re.Pattern[str] | None = None) -> LogReport:
     """Scan a whole log at once (diagnose, tests)."""
-    s = LogScanner()
+    s = LogScanner(progress_regex)
     s.feed(data)
     s.flush()
     return s.report()

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from dflashctl.model import Signature
 
+ZERO_RUN = 3  # consecutive training losses of exactly 0.0 that make a `zero-loss`
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -37,7 +39,9 @@ class Rule:
     exc_types: tuple[str, ...] = ()
     frames: tuple[str, ...] = ()
     sticky: bool = False
-    progress_loss: bool = False  # also: a progress line whose loss is NaN/inf (found by the scanner)
+    progress_loss: bool = False  # also: a progress line whose loss or grad norm is NaN/inf (found by the scanner)
+    progress_zero: bool = False  # also: consecutive progress lines whose loss is exactly 0.0 (found by the scanner)
+    death: str | None = None  # also: a worker the launcher reports dead this way ("kill": signal 9, "segv": 11)
     examples: tuple[str, ...] = field(default=(), compare=False)  # real lines it must match (tested)
 
 
@@ -75,7 +79,8 @@ RULES: tuple[Rule, ...] = (
             "check `dflashctl kill-zombies` first: a process of an earlier run may still hold the memory. "
             "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` helps with fragmentation.",
         ),
-        lines=(r"CUDA out of memory", r"CUBLAS_STATUS_ALLOC_FAILED", r"cudaErrorMemoryAllocation"),
+        lines=(r"CUDA out of memory", r"CUDA error: out of memory", r"HIP out of memory", r"CUBLAS_STATUS_ALLOC_FAILED",
+               r"cudaErrorMemoryAllocation"),
         exc_types=("OutOfMemoryError",),
         examples=("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 5 has a total "
                   "capacity of 79.11 GiB of which 1.06 GiB is free.",),
@@ -87,9 +92,12 @@ RULES: tuple[Rule, ...] = (
             "Reduce data-loader workers, prefetch depth or pinned-memory buffers, or raise the container's "
             "memory limit (`pct set CTID -memory MB`); `dmesg` on the Proxmox host names the OOM-killed process.",
         ),
-        lines=(r"DefaultCPUAllocator: can't allocate memory", r"Out of memory: Killed process",
-               r"Cannot allocate memory \(errno 12\)"),
+        lines=(r"DefaultCPUAllocator: can't allocate memory", r"(?i:out of memory): Killed process",
+               r"Out of memory: Kill process",
+               r"Cannot allocate memory \(errno 12\)", r"\boom-kill:", r"\boom_reaper: reaped process",
+               r"^Killed\s*$", r"(?:^|\s)\d+\s+Killed\s+\S", r"Signal 9 \(SIGKILL\) received by PID"),
         exc_types=("MemoryError",),
+        death="kill",
         examples=("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
                   "memory: you tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)",),
     ),
@@ -112,7 +120,7 @@ RULES: tuple[Rule, ...] = (
             "Run with `NCCL_DEBUG=INFO`; check `nvidia-smi topo -m` and that every GPU of the run is visible "
             "in the container; a crashed peer often shows up here first.",
         ),
-        lines=(r"\bNCCL error\b", r"\bnccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError)\b"),
+        lines=(r"\bNCCL error\b", r"\bnccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError|InvalidUsage)\b"),
         exc_types=("DistBackendError", "NcclError"),
         examples=("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
                   "NCCLUtils.hpp:275, unhandled cuda error, NCCL version 2.21.5",),
@@ -126,7 +134,8 @@ RULES: tuple[Rule, ...] = (
         ),
         lines=(r"CUDA error: an illegal memory access was encountered", r"CUDA error: device-side assert triggered",
                r"CUDA error: misaligned address", r"CUDA error: an illegal instruction was encountered",
-               r"cudaErrorIllegalAddress"),
+               r"cudaErrorIllegalAddress", r"\.cuh?:\d+: .*Assertion .+ failed\.",
+               r"CUDA error: an illegal memory access|device-side assert(?:ion)? triggered"),
         examples=("RuntimeError: CUDA error: an illegal memory access was encountered",),
     ),
     Rule(
@@ -136,8 +145,9 @@ RULES: tuple[Rule, ...] = (
             "Check `dmesg | grep -i xid` and `nvidia-smi -q -d ECC` on the Proxmox host; drain that GPU "
             "(leave it out of gpus_target/gpus_drafters) and reset it or the node before reuse.",
         ),
-        lines=(r"NVRM: Xid", r"\bXid \(PCI:", r"(?i:uncorrectable) ECC (?i:error)", r"GPU has fallen off the bus",
-               r"GPU is lost", r"cudaErrorECCUncorrectable"),
+        lines=(r"NVRM: Xid", r"\bXid \(PCI:", r"(?i:uncorrectable) ECC (?i:error)", r"fallen off the bus",
+               r"GPU is lost", r"cudaErrorECCUncorrectable", r"uncorrectable ECC error encountered",
+               r"Unable to determine the device handle for GPU"),
         sticky=True,
         examples=("NVRM: Xid (PCI:0000:41:00): 79, pid=91451, GPU has fallen off the bus.",),
     ),
@@ -165,7 +175,8 @@ RULES: tuple[Rule, ...] = (
         ),
         lines=(r"(?i:\bloss (?:is|became|went)) (?:NaN|NAN)",),
         progress_loss=True,
-        examples=("step=1201 loss=nan tok/s=1833.0 lr=3.00e-04 acc=0.000", "Loss is NaN at step 1201, stopping"),
+        examples=("step=1201 loss=nan tok/s=1833.0 lr=3.00e-04 acc=0.000", "Loss is NaN at step 1201, stopping",
+                  "{'loss': 1.2031, 'grad_norm': nan, 'learning_rate': 1.9e-05, 'epoch': 0.12}"),
     ),
     Rule(
         _sig(
@@ -196,7 +207,8 @@ RULES: tuple[Rule, ...] = (
             "before capture, and keep synchronising calls (.item(), prints of tensors) out of captured code.",
         ),
         lines=(r"CUDA error: operation not permitted when stream is capturing", r"cudaErrorStreamCapture\w+",
-               r"CUDA [Gg]raph capture (?i:failed|error)"),
+               r"CUDA [Gg]raph capture (?i:failed|error)", r"CUDA error: operation failed due to a previous error "
+               r"during capture"),
         examples=("RuntimeError: CUDA error: operation not permitted when stream is capturing",),
     ),
     Rule(
@@ -227,10 +239,11 @@ RULES: tuple[Rule, ...] = (
             "Check MASTER_ADDR/MASTER_PORT (a port still held by a zombie of the last run: `dflashctl "
             "kill-zombies`), the world size, and that every rank was started.",
         ),
-        lines=(r"DistNetworkError", r"DistStoreError", r"RendezvousTimeoutError",
+        lines=(r"DistNetworkError", r"DistStoreError", r"Rendezvous\w*Error", r"EADDRINUSE", r"Address already in use",
                r"The server socket has failed to listen on any local network address",
-               r"Timed out initializing process group"),
-        exc_types=("DistNetworkError", "DistStoreError", "RendezvousTimeoutError"),
+               r"The client socket has (?:timed out|failed to connect)", r"Timed out initializing process group"),
+        exc_types=("DistNetworkError", "DistStoreError", "RendezvousTimeoutError", "RendezvousConnectionError",
+                   "RendezvousClosedError"),
         examples=("torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
                   "network address. port: 29500, useIPv6: 0, code: -98, name: EADDRINUSE",),
     ),
@@ -242,21 +255,36 @@ RULES: tuple[Rule, ...] = (
             "mismatched CUDA/driver/library builds and use of a tensor after its CUDA context was lost.",
         ),
         lines=(r"Fatal Python error: Segmentation fault", r"\bSegmentation fault\b(?: \(core dumped\))?",
-               r"\bSIGSEGV\b"),
+               r"\bSIGSEGV\b", r"\bSegfault encountered\b"),
+        death="segv",
         examples=("Fatal Python error: Segmentation fault",),
+    ),
+    Rule(
+        _sig(
+            "zero-loss",
+            "The training loss is stuck at exactly 0.0: nothing is being learned.",
+            "Almost always the labels, not the model: every target masked (-100) by the chat template or a "
+            "too-short max length, fp16 overflow turning the loss to 0, or a loss scaled away; print one batch's "
+            "labels, try bf16, and check the data collator's masking.",
+        ),
+        progress_zero=True,
+        examples=(),
     ),
 )
 
 # Literal substrings; a line without any of them (and outside a traceback) cannot match a line pattern.
 ANCHORS: tuple[str, ...] = (
-    "Error", "CUDA", "CUBLAS", "NCCL", "Watchdog", "Xid", "ECC", "GPU has fallen", "GPU is lost", "_limit",
+    "Error", "CUDA", "CUBLAS", "NCCL", "Watchdog", "Xid", "ECC", "fallen off the bus", "GPU is lost", "_limit",
     "Detected that", "_is_fx", "NaN", "NAN", "No space left", "ENOSPC", "Disk quota", "DefaultCPUAllocator",
     "Out of memory", "Cannot allocate", "OutOfResources", "DataLoader worker", "The server socket",
-    "Timed out initializing", "Segmentation fault", "SIGSEGV", "Fatal Python",
+    "Timed out initializing", "Segmentation fault", "SIGSEGV", "Fatal Python", "Killed", "oom-kill", "oom_reaper",
+    "SIGKILL", "Assertion", "device-side assert", "illegal memory", "during capture", "Rendezvous", "EADDRINUSE",
+    "The client socket", "Segfault", "HIP out of memory", "Address already in use", "Unable to determine the device",
 )
 
 BY_ID: dict[str, Rule] = {r.signature.id: r for r in RULES}
 LOSS_RULES: tuple[Rule, ...] = tuple(r for r in RULES if r.progress_loss)
+ZERO_LOSS_RULES: tuple[Rule, ...] = tuple(r for r in RULES if r.progress_zero)
 SIGNATURES: tuple[Signature, ...] = tuple(r.signature for r in RULES)
 
 # Each pattern runs only on lines holding one of its anchors: plain substring tests first (fast), the
@@ -281,6 +309,11 @@ def match_exception(exc_type: str | None) -> list[Rule]:
         return []
     short = exc_type.rsplit(".", 1)[-1]
     return [r for r in RULES if short in r.exc_types]
+
+
+def match_death(kind: str | None) -> list[Rule]:
+    """Rules that recognise a worker's death by how it ended ("kill": signal 9, "segv": signal 11)."""
+    return [r for r in RULES if kind is not None and r.death == kind]
 
 
 def match_frames(paths: list[str]) -> list[Rule]:
@@ -313,7 +346,12 @@ def markdown() -> str:
         if r.exc_types:
             how.append("tracebacks ending in " + ", ".join(f"`{t}`" for t in r.exc_types))
         if r.progress_loss:
-            how.append("a progress line whose loss is NaN or infinite")
+            how.append("a progress line whose loss or grad norm is NaN or infinite")
+        if r.progress_zero:
+            how.append(f"{ZERO_RUN} consecutive progress lines whose loss is exactly 0.0")
+        if r.death:
+            how.append("a worker the launcher reports ended by " + {"kill": "signal 9 (SIGKILL)",
+                                                                     "segv": "signal 11 (SIGSEGV)"}[r.death])
         if r.frames:
             how.append("a crashed worker thread whose traceback passes through "
                        + ", ".join(f"`{f}`" for f in r.frames))

@@ -31,7 +31,8 @@ _out = partial(console.print, soft_wrap=True)  # plain lines: never re-wrapped a
 _err = partial(err_console.print, soft_wrap=True)
 
 SourceOpt = typer.Option(None, "--source", metavar="DIR",
-                         help="trainer/ tree to deploy (default: the one installed with dflashctl)")
+                         help="code to deploy when the container's is stale: any directory (default: the host's "
+                              "code_source, else the trainer installed with dflashctl)")
 KillZombiesOpt = typer.Option(False, "--kill-zombies", help="end processes of earlier runs first")
 
 
@@ -71,36 +72,50 @@ def _show(renderable: object, *, err: bool = False) -> None:
 def deploy(
     check: bool = typer.Option(False, "--check", help="only say whether the deployed code matches (exit 1 if not)"),
     force: bool = typer.Option(False, "--force", help="send the tree even when the hashes match"),
-    source: Path | None = SourceOpt,
+    source: Path | None = typer.Option(
+        None, "--source", metavar="DIR",
+        help="the directory to ship: its files land in <workspace>/code/ (a `trainer` package: in code/trainer/); "
+             "default: the host's code_source, else the trainer installed with dflashctl"),
+    max_file_mib: float | None = typer.Option(None, "--max-file-mib", metavar="MIB", min=0.001,
+                                              help="refuse a file bigger than this (default: code_max_file_mib, 50)"),
+    max_total_mib: float | None = typer.Option(None, "--max-total-mib", metavar="MIB", min=0.001,
+                                               help="refuse a tree bigger in all (default: code_max_total_mib, 200)"),
     host: str | None = HostOpt,
     hosts: Path | None = HostsOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Ship trainer/ into <workspace>/code (atomic swap; nothing sent when unchanged)."""
+    """Ship a directory (yours, or our trainer/) into <workspace>/code (atomic swap; nothing sent when unchanged)."""
     from dflashctl.commands import deploy as deploy_cmd
 
     with _target(hosts, host) as target:
+        limits = deploy_cmd.Limits.of(target.host, max_file_mib, max_total_mib)
         if check:
-            st = deploy_cmd.check(target, source)
+            st = deploy_cmd.check(target, source, limits=limits)
             if json_out:
                 print_json({"host": target.host.name, "current": st.current, "local_hash": st.local_hash,
-                            "remote_hash": st.remote_hash, "recorded_hash": st.recorded_hash, "path": st.remote_path})
+                            "remote_hash": st.remote_hash, "recorded_hash": st.recorded_hash, "path": st.remote_path,
+                            "source": str(st.source.path) if st.source else None, "files": st.files})
             elif st.current:
                 _out(f"code on {_where(target)} is current ({st.local_hash[:12]})")
             elif st.remote_hash is None:
                 _out(f"no code deployed on {_where(target)} (local {st.local_hash[:12]})")
+            elif st.remote_hash == st.local_hash:
+                _out(f"code on {_where(target)} is stale: same files, but recorded as "
+                     f"{(st.recorded_hash or 'nothing')[:12]} (an older deploy); `dflashctl deploy` rewrites it")
             else:
                 edited = " (edited in place)" if st.recorded_hash == st.local_hash else ""
                 _out(f"code on {_where(target)} is stale{edited}: deployed {st.remote_hash[:12]}, "
                               f"local {st.local_hash[:12]}")
             raise Exit(0 if st.current else 1)
-        res = deploy_cmd.deploy(target, source, force=force)
+        res = deploy_cmd.deploy(target, source, force=force, limits=limits)
         if json_out:
             print_json({"host": target.host.name, "changed": res.changed, "hash": res.hash, "files": res.files,
-                        "bytes_sent": res.bytes_sent, "path": res.path, "seconds": round(res.seconds, 3)})
+                        "bytes_sent": res.bytes_sent, "path": res.path, "seconds": round(res.seconds, 3),
+                        "source": str(res.source.path) if res.source else None})
         elif res.changed:
-            _out(f"deployed trainer {res.hash[:12]} ({res.files} files, {res.bytes_sent / 1024:.1f} KiB) "
-                          f"to {_where(target)}:{res.path} in {res.seconds:.1f}s")
+            label = res.source.label if res.source else "trainer"
+            _out(f"deployed {label} {res.hash[:12]} ({res.files} files, {res.bytes_sent / 1024:.1f} KiB) "
+                          f"to {_where(target)}:{res.path} in {res.seconds:.1f}s", markup=False)
         else:
             _out(f"code on {_where(target)} is current ({res.hash[:12]}); nothing sent")
 
@@ -110,9 +125,17 @@ def deploy(
 
 @app.command("launch")
 def launch(
-    extra: list[str] | None = typer.Argument(None, metavar="[-- TRAINER_ARGS...]",
-                                             help="passed to the trainer after its own arguments"),
-    name: str | None = typer.Option(None, "--name", "-n", help="run name (default: the config's file stem)"),
+    extra: list[str] | None = typer.Argument(None, metavar="[-- ARGS...]",
+                                             help="trainer arguments (after its own), or with --exec the command "
+                                                  "itself, byte-exact, no shell"),
+    exec_: bool = typer.Option(False, "--exec", help="run the command after `--` (any program: python train.py, "
+                                                      "torchrun …) in <workspace>/code instead of the bundled trainer"),
+    shell: str | None = typer.Option(None, "--shell", metavar="CMD",
+                                     help="run CMD with `bash -c` (sh where there is no bash) instead of the trainer"),
+    env: list[str] | None = typer.Option(None, "--env", "-e", metavar="KEY=VALUE",
+                                         help="set a variable for the run's program (repeatable)"),
+    name: str | None = typer.Option(None, "--name", "-n",
+                                    help="run name (default: the config's file stem, or the command's script)"),
     config: Path | None = typer.Option(None, "--config", "-c", metavar="FILE",
                                        help="local TOML config, uploaded as <run-dir>/config.toml "
                                             "(default: the host's `config`, else trainer/configs/tiny-cpu.toml)"),
@@ -130,13 +153,17 @@ def launch(
     hosts: Path | None = HostsOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Start a training run detached in the container, with its own run directory."""
+    """Start a run detached in the container, with its own run directory: the bundled trainer, or any command."""
     if wait_for not in ("started", "step", "exit"):
         raise ConfigError(f"--wait-for must be started, step or exit (got {wait_for!r})")
     from dflashctl.commands import launch as launch_cmd
 
-    opts = launch_cmd.LaunchOptions(name=name, config=config, kill_zombies=kill_zombies, extra=list(extra or []),
-                                    source=source, resume_from=resume_from)
+    words = list(extra or [])
+    opts = launch_cmd.LaunchOptions(name=name, config=config, kill_zombies=kill_zombies,
+                                    extra=[] if exec_ else words, command=words if exec_ else None, shell=shell,
+                                    env=launch_cmd.parse_env(list(env or [])), host_command=True,
+                                    source=source, resume_from=resume_from,
+                                    confirm=wait_for == "started" and not follow)
     say = (lambda m: _err(f"[dim]{escape(m)}[/]")) if not json_out else (lambda m: None)
     with _target(hosts, host) as target:
         with _launch_errors(target, json_out):
@@ -153,7 +180,10 @@ def launch(
         if follow:
             code = _follow(target, res.run_id, from_start=True)
         elif wait_for != "started":
-            result = launch_cmd.wait(target, res.run_id, wait_for, timeout)  # type: ignore[arg-type]
+            with _launch_errors(target, json_out):
+                result = launch_cmd.wait(target, res.run_id, wait_for, timeout)  # type: ignore[arg-type]
+                if result.died_early():
+                    raise result.failure()
             code = result.exit_code
             doc["wait"] = {"for": wait_for, "reached": result.reached, "verdict": str(result.run.verdict()),
                            "exit_code": result.run.exit_code, "line": result.line,
@@ -191,7 +221,7 @@ def evaluate(
     if run.startswith("-"):  # `eval -- --limit 2`: after `--` every word is positional, the first one lands in RUN;
         run, extra = "latest", [run, *extra]  # no run id starts with '-', so it is an eval argument
     opts = eval_cmd.EvalOptions(run=run, prompts=prompts, untrained=untrained, extra=extra, source=source,
-                                kill_zombies=kill_zombies)
+                                kill_zombies=kill_zombies, confirm=not wait)
     say = (lambda m: _err(f"[dim]{escape(m)}[/]")) if not json_out else (lambda m: None)
     with _target(hosts, host) as target:
         with _launch_errors(target, json_out):
@@ -204,7 +234,7 @@ def evaluate(
             else:
                 _out(res.run_id, markup=False)
             raise Exit(0)
-        result = _wait_job(target, res.run_id, timeout, json_out)
+        result = _wait_job(target, res.run_id, timeout, json_out, ok_codes=(0, 1))
         code = result.exit_code
         if result.reached and result.run.exit_code in (0, 1):  # 1: it ran, but the lossless check failed
             report = eval_cmd.report(target, res.run_dir)
@@ -247,7 +277,7 @@ def generate(
     from dflashctl.commands import generate as generate_cmd
 
     opts = generate_cmd.GenerateOptions(target_model=target_model, prompts=prompts, out=out, extra=list(extra or []),
-                                        name=name, source=source, kill_zombies=kill_zombies)
+                                        name=name, source=source, kill_zombies=kill_zombies, confirm=not wait)
     say = (lambda m: _err(f"[dim]{escape(m)}[/]")) if not json_out else (lambda m: None)
     with _target(hosts, host) as target:
         with _launch_errors(target, json_out):
@@ -270,13 +300,19 @@ def generate(
         raise Exit(code)
 
 
-def _wait_job(target: Target, run_id: str, timeout: float | None, json_out: bool) -> launch_cmd.WaitResult:
-    """Wait for a job run (eval, generate) to end, its log streamed to stderr; Ctrl-C detaches (exit 0)."""
+def _wait_job(target: Target, run_id: str, timeout: float | None, json_out: bool,
+              ok_codes: tuple[int, ...] = (0,)) -> launch_cmd.WaitResult:
+    """Wait for a job run (eval, generate) to end, its log streamed to stderr; Ctrl-C detaches (exit 0). A job
+    that ended with another code than ok_codes is reported as a failed launch (launch_cmd.failure)."""
     from dflashctl.commands import launch as launch_cmd
 
     echo = None if json_out else (lambda b: (sys.stderr.buffer.write(b), sys.stderr.flush()))
     try:
-        return launch_cmd.wait(target, run_id, "exit", timeout, on_log=echo)
+        with _launch_errors(target, json_out):
+            result = launch_cmd.wait(target, run_id, "exit", timeout, on_log=echo)
+            if result.died_early(ok_codes):
+                raise result.failure()
+        return result
     except KeyboardInterrupt:
         _err(f"\ndetached; run {run_id} keeps running (stop it with `dflashctl stop {run_id}`)")
         raise Exit(0) from None
@@ -302,7 +338,7 @@ def _launch_errors(target: Target, json_out: bool):
     except launch_cmd.LaunchFailed as e:
         if json_out:
             print_json({"host": target.host.name, "run_id": e.run_id, "launched": False, "error": e.message,
-                        "log_head": e.log_head})
+                        "exit_code": e.run_exit_code, "log_head": e.log_head})
         elif e.log_head:
             _err("[bold]first lines of the log:[/]")
             _err(e.log_head, markup=False, highlight=False)
@@ -343,6 +379,38 @@ def _follow(target: Target, run: str | None, *, from_start: bool = False, lines:
     verdict = info.verdict()
     _err(f"-- run {info.id} ended: {verdict} (exit code {info.exit_code}) --")
     return int(verdict.exit_code)
+
+
+# ---------------------------------------------------------------------------------------------- adopt
+
+
+@app.command("adopt")
+def adopt(
+    pid: int = typer.Option(..., "--pid", metavar="PID", help="the process to adopt, as the container sees it"),
+    log: str = typer.Option(..., "--log", metavar="PATH",
+                            help="the file it writes its output to, in the container (relative: to its cwd)"),
+    name: str | None = typer.Option(None, "--name", "-n", help="run name (default: its script's name)"),
+    host: str | None = HostOpt,
+    hosts: Path | None = HostsOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Make a process started by hand the current run: status, logs, stop and kill-zombies then treat it as one."""
+    from dflashctl.commands import adopt as adopt_cmd
+
+    with _target(hosts, host) as target:
+        res = adopt_cmd.adopt(target, pid, log, name)
+    if json_out:
+        print_json({"host": target.host.name, "run_id": res.run_id, "run_dir": res.run_dir, "pid": res.pid,
+                    "log": res.log_path, "name": res.name, "cmdline": res.cmdline, "cwd": res.cwd,
+                    "started_at": res.started_at, "leads_group": res.leads_group})
+        return
+    import shlex
+
+    _out(f"adopted pid {res.pid} as run [bold]{escape(res.run_id)}[/] on {_where(target)}")
+    _out(f"  command  {shlex.join(res.cmdline)}\n  started  {res.started_at}\n  log      {res.log_path}"
+         f"\n  stop     {'its process group' if res.leads_group else 'the pid alone (it leads no process group)'}",
+         markup=False)
+    _out(f"  next dflashctl status | dflashctl logs -f {res.run_id} | dflashctl stop {res.run_id}", markup=False)
 
 
 # ---------------------------------------------------------------------------------------------- runs
@@ -411,23 +479,32 @@ def _print_errors(v: logs_cmd.ErrorsView, json_out: bool) -> None:
     files_only = {k: d for k, d in v.error_files.items() if k not in in_log}
     if json_out:
         print_json({"run": v.run.id, "final_exception": v.final_exception,
-                    "tracebacks": [{"thread": tb.thread, "first_line": tb.first_line, "last_line": tb.last_line,
-                                    "exception": tb.exc_line, "text": tb.text} for tb in v.tracebacks],
-                    "error_files": v.error_files})
+                    "tracebacks": [{"thread": tb.thread, "rank": tb.rank, "first_line": tb.first_line,
+                                    "last_line": tb.last_line, "exception": tb.exc_line, "text": tb.text}
+                                   for tb in v.tracebacks],
+                    "workers": [{"name": f.name, "line": f.line, "exit_code": f.exit_code, "how": f.how}
+                                for f in v.workers.values()],
+                    "root_cause": v.root_cause, "error_files": v.error_files})
         return
-    if not v.tracebacks and not v.error_files:
+    if not v.tracebacks and not v.error_files and not v.workers:
         _out(f"no tracebacks in {v.run.log_path}")
         return
     if v.scanned_from:
         _out(f"[dim](scanned the last part of the log, from byte {v.scanned_from})[/]")
     for tb in v.tracebacks:
-        who = escape(f"thread {tb.thread}" if tb.thread else "main thread")
+        who = escape(tb.thread if tb.rank is not None else f"thread {tb.thread}" if tb.thread else "main thread")
         _out(f"[bold red]── {who}[/] [dim](log lines {tb.first_line}-{tb.last_line})[/]")
         _out(tb.text.rstrip("\n"), markup=False, highlight=False)
     for thread, doc in files_only.items():
         _out(f"[bold red]── thread {escape(thread)}[/] [dim](errors/{escape(thread)}.json)[/]")
         text = doc.get("traceback") or f"{doc.get('type')}: {doc.get('message')}"
         _out(str(text).rstrip("\n"), markup=False, highlight=False)
+    for f in v.workers.values():
+        _out(f"[bold red]── {escape(f.name)}[/] [dim](log line {f.line})[/] {escape(f.how)}")
+        if f.exit_code is not None:
+            _out(f"  {f.text}", markup=False, highlight=False)
+    if v.root_cause and len({tb.thread for tb in v.tracebacks if tb.thread} | set(v.workers)) > 1:
+        _out(f"[bold]first to fail:[/] {escape(v.root_cause)}")
     if v.final_exception:
         _out(f"[bold]final exception:[/] {escape(v.final_exception)}")
 

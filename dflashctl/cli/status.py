@@ -40,6 +40,12 @@ def _spark(values: list[float | None], width: int = 24) -> str:
     return "".join(" " if v is None else SPARK[min(7, int(v / 100 * 7.999))] for v in values[-width:])
 
 
+def _clock(seconds: float) -> str:
+    """1:20:50, as tqdm prints an ETA."""
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
+
+
 def _header(title: str, health: Health, extra: list[str], ended: str | None) -> Text:
     """One line. `ended` ("exited 1") only for a run whose process is gone: next to a live run's verdict
     an exit code would read as if it had exited (the command's own exit code is for scripts, in --json)."""
@@ -52,9 +58,13 @@ def _header(title: str, health: Health, extra: list[str], ended: str | None) -> 
     p = health.progress
     parts = [*extra]
     if "step" in p:
-        parts.append(f"step {p['step']:.0f}")
+        parts.append(f"step {p['step']:.0f}" + (f"/{p['total']:.0f}" if "total" in p else ""))
+    if "eta_s" in p:
+        parts.append(f"ETA {_clock(p['eta_s'])}")
     if "tok/s" in p:
         parts.append(f"{p['tok/s']:.1f} tok/s")
+    elif "it/s" in p:
+        parts.append(f"{p['it/s']:.3g} it/s")
     if "loss" in p:
         parts.append(f"loss {p['loss']:.4g}")
     if "acc_len" in p:
@@ -271,12 +281,15 @@ def diagnose(
                                       help="copied train.log files (oldest first), or a copied run directory"),
     gpus: list[Path] = typer.Option(None, "--gpus", metavar="FILE",
                                     help="saved nvidia-smi output (CSV query or plain table; repeatable)"),
+    progress_regex: str | None = typer.Option(None, "--progress-regex", metavar="REGEX",
+                                              help="your trainer's own progress line: a regex with named groups "
+                                                   "step, total, loss, lr, epoch, tok_s, it_s, eta_s"),
     json_: bool = JsonOpt,
 ) -> None:
     """What went wrong and what to do, from copied files only (exit code = the verdict's code)."""
     from dflashctl.commands import diagnose as diagnose_cmd
 
-    d = diagnose_cmd.diagnose(list(logs or []), list(gpus or []))
+    d = diagnose_cmd.diagnose(list(logs or []), list(gpus or []), progress_regex=progress_regex)
     if json_:
         print_json(to_record(d.health))
     else:

@@ -6,6 +6,7 @@ what `runs`, `stop` and `launch` need; `status` judges more (logs, heartbeat, GP
 
 from __future__ import annotations
 
+import base64
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from dflashctl.model import Verdict
 
 RUN_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
 STARTING_GRACE_S = 15.0  # a run with no pid yet is "starting", not "lost", for this long
+JOB_KINDS = ("eval", "generate")  # runs that are not training: no steps to wait for (meta.json `kind`)
 
 
 @dataclass
@@ -33,6 +35,11 @@ class RunInfo:
     ending: bool = False  # alive, but the trainer has exited: its supervisor is reaping the group (no exit code yet)
 
     @property
+    def is_job(self) -> bool:
+        """An evaluation or a data generation: it logs no training steps (exec and adopted runs train)."""
+        return self.kind in JOB_KINDS
+
+    @property
     def kind(self) -> str:
         """"train"; "eval" / "generate" for `dflashctl eval` / `generate` runs (meta.json; older runs: training)."""
         kind = (self.meta or {}).get("kind")
@@ -50,7 +57,7 @@ class RunInfo:
 
     def verdict(self, now: float | None = None) -> Verdict:
         if self.alive:  # an evaluation or data generation logs no steps: running is all there is to say
-            return Verdict.TRAINING if self.last_step is not None or self.kind != "train" else Verdict.STARTING
+            return Verdict.TRAINING if self.last_step is not None or self.is_job else Verdict.STARTING
         if self.stopped:
             return Verdict.STOPPED
         if self.exit_code == 0:
@@ -80,7 +87,7 @@ class RunInfo:
 
 def run_from_probe(doc: dict[str, Any]) -> RunInfo:
     hb = doc.get("heartbeat") if isinstance(doc.get("heartbeat"), dict) else None
-    step = doc.get("last_step")
+    step = _last_step(doc.get("log_tail_b64"))
     if step is None and hb is not None and isinstance(hb.get("step"), int):
         step = hb["step"]
     return RunInfo(
@@ -89,6 +96,16 @@ def run_from_probe(doc: dict[str, Any]) -> RunInfo:
         heartbeat=hb, errors=doc.get("errors") or {}, last_step=step, log_size=doc.get("log_size"),
         ended_at=doc.get("ended_at"), ending=bool(doc.get("ending")),
     )
+
+
+def _last_step(tail_b64: str | None) -> int | None:
+    """The last training step in a log's tail, by the engine status and diagnose use (any trainer's format)."""
+    if not tail_b64:
+        return None
+    from dflashctl.analysis.logscan import scan
+
+    point = scan(base64.b64decode(tail_b64)).last_step_point
+    return int(point.values["step"]) if point is not None else None
 
 
 def runs_dir(workspace: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from dflashctl.analysis.gpus import GpuParseError, parse_nvidia_smi, sweeps
 from dflashctl.analysis.health import Evidence, GpuSweep, Health, ProcessState, judge
 from dflashctl.analysis.logscan import LogReport, LogScanner
+from dflashctl.analysis.progress import ProgressRegexError, custom
 from dflashctl.errors import ConfigError
 
 READ_CHUNK = 8 << 20
@@ -26,6 +27,17 @@ class Diagnosis:
     health: Health
     log: LogReport
     sources: list[str] = field(default_factory=list)  # what was read, in order
+
+
+def user_progress(pattern: str | None) -> re.Pattern[str] | None:
+    """A user's progress regex, compiled and checked; a bad one is a one-line usage error (exit 2)."""
+    if pattern is None:
+        return None
+    try:
+        return custom(pattern)
+    except ProgressRegexError as e:
+        example = r"it (?P<step>\d+)/(?P<total>\d+) .*loss (?P<loss>[\d.]+)"
+        raise ConfigError(str(e), hint=f"e.g. --progress-regex '{example}'") from None
 
 
 def _read(path: Path) -> bytes:
@@ -74,13 +86,14 @@ def _json(path: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def diagnose(logs: list[Path], gpu_files: list[Path]) -> Diagnosis:
+def diagnose(logs: list[Path], gpu_files: list[Path], *, progress_regex: str | None = None) -> Diagnosis:
     """Judge the given logs (several are read as one, in order) and nvidia-smi samples.
 
-    A run directory as a LOG brings its rotated logs, errors/*.json, heartbeat.json and exit_code."""
+    A run directory as a LOG brings its rotated logs, errors/*.json, heartbeat.json and exit_code.
+    progress_regex: the user's own progress format (analysis.progress.custom)."""
     if not logs and not gpu_files:
         raise ConfigError("nothing to diagnose", hint="dflashctl diagnose train.log [--gpus nvidia-smi.txt]")
-    scanner = LogScanner()
+    scanner = LogScanner(user_progress(progress_regex))
     sources: list[str] = []
     errors: dict[str, dict[str, Any]] = {}
     heartbeat: dict[str, Any] | None = None

@@ -30,6 +30,7 @@ class EvalOptions:
     extra: list[str] | None = None  # more trainer.eval arguments (--limit, --max-new-tokens, --device …)
     source: Path | None = None
     kill_zombies: bool = False
+    confirm: bool = True  # False: the caller wait()s for the end (launch_cmd.LaunchOptions.confirm)
 
 
 def start(target: Target, opts: EvalOptions, *, say: Callable[[str], None] = lambda _m: None
@@ -39,8 +40,8 @@ def start(target: Target, opts: EvalOptions, *, say: Callable[[str], None] = lam
     checkpoint = [] if opts.untrained else ["--checkpoint", src.dir]
     return launch_cmd.launch(target, launch_cmd.LaunchOptions(
         name=f"eval-{src.name}", module=MODULE, container_config=src.config_path, source=opts.source,
-        kill_zombies=opts.kill_zombies, meta={"kind": "eval", "evaluates": src.id, "untrained": opts.untrained,
-                                                "job": f"evaluating run {src.id}"},
+        kill_zombies=opts.kill_zombies, confirm=opts.confirm,
+        meta={"kind": "eval", "evaluates": src.id, "untrained": opts.untrained, "job": f"evaluating run {src.id}"},
         extra=[*checkpoint, "--prompts", opts.prompts, *(opts.extra or [])],
     ), say=say), src
 

@@ -30,6 +30,7 @@ class GenerateOptions:
     name: str | None = None
     source: Path | None = None
     kill_zombies: bool = False
+    confirm: bool = True  # False: the caller wait()s for the end (launch_cmd.LaunchOptions.confirm)
 
 
 def start(target: Target, opts: GenerateOptions, *, say: Callable[[str], None] = lambda _m: None
@@ -40,6 +41,7 @@ def start(target: Target, opts: GenerateOptions, *, say: Callable[[str], None] =
     name = opts.name or f"datagen-{run_slug(PurePosixPath(opts.out.rstrip('/')).name or 'data')}"
     return launch_cmd.launch(target, launch_cmd.LaunchOptions(
         name=name, module=MODULE, config_text=CONFIG, source=opts.source, kill_zombies=opts.kill_zombies,
+        confirm=opts.confirm,
         meta={"kind": "generate", "job": f"generating data into {opts.out}", "out": opts.out},
         extra=["--target", opts.target_model, "--prompts", opts.prompts, "--out", opts.out, *(opts.extra or [])],
     ), say=say)

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from dflashctl.analysis import logscan
+from dflashctl.analysis.workers import WorkerFailure
 from dflashctl.commands._runs import RunInfo, run_from_probe
 from dflashctl.commands.runs import get_run
 from dflashctl.remote import probe
@@ -69,7 +70,7 @@ def follow(target: Target, run: str | None, *, from_start: bool = False, lines: 
             if info.alive or not drained or info.pid is None:
                 gone_since = None
                 continue
-            if info.exit_code is not None:
+            if info.exit_code is not None or info.kind == "adopted":  # no supervisor of ours records its end
                 return
             now = float(doc.get("time") or 0.0)
             gone_since = now if gone_since is None else gone_since
@@ -86,11 +87,16 @@ class ErrorsView:
     error_files: dict[str, dict] = field(default_factory=dict)  # errors/<thread>.json written by the trainer
     final_exception: str | None = None
     scanned_from: int = 0  # byte offset where the scan began (0: the whole log)
+    workers: dict[str, WorkerFailure] = field(default_factory=dict)  # ranks a launcher reported failed
+    root_cause: str | None = None
 
 
 def errors(target: Target, run: str | None) -> ErrorsView:
-    """Whole tracebacks of crashed threads and the final exception, never just the header line."""
+    """Whole tracebacks of crashed threads and ranks, launcher-reported rank failures and the final exception,
+    never just the header line."""
     info, doc = get_run(target, run, log_max=ERRORS_MAX_BYTES)
     report = logscan.scan(probe.decode_log(doc))
     tbs = [tb for tb in report.tracebacks if not tb.ignored]
-    return ErrorsView(info, tbs, info.errors, report.final_exception, (doc.get("log") or {}).get("offset") or 0)
+    order = report.crashed_workers()
+    return ErrorsView(info, tbs, info.errors, report.final_exception, (doc.get("log") or {}).get("offset") or 0,
+                      report.workers, report.root_cause or (order[0][1] if order else None))

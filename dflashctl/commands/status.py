@@ -20,6 +20,8 @@ from typing import Any
 from dflashctl.analysis.gpus import PROBE_FIELDS, GpuParseError, from_nvml, parse_query_csv
 from dflashctl.analysis.health import Evidence, GpuSweep, Health, ProcessState, Thresholds, judge, to_record
 from dflashctl.analysis.logscan import LogScanner
+from dflashctl.analysis.progress import custom
+from dflashctl.commands._runs import JOB_KINDS
 from dflashctl.errors import ConnectFailed, DflashError, NotFound, RemoteTimeout
 from dflashctl.model import Host, Verdict
 from dflashctl.remote import probe
@@ -70,7 +72,6 @@ class StatusView:
             "uptime_s": self.uptime_s,
             "seconds_since_log": self.seconds_since_log,
             "seconds_since_progress": self.health.seconds_since_progress,
-            "progress": self.health.progress,
             "reasons": self.health.reasons,
             "exit_code": self.exit_code,
             "log": {"path": self.log_path, "lines_from_start": self.log_lines_from_start,
@@ -84,10 +85,15 @@ class StatusView:
         return rec
 
 
+def host_scanner(host: Host) -> LogScanner:
+    """The log scanner for a host's runs: with its trainer's own progress format when hosts.toml gives one."""
+    return LogScanner(custom(host.progress_regex) if host.progress_regex else None)
+
+
 def _job(run: dict) -> str | None:
     """What a run that is not training does (meta.json `kind` eval / generate, its `job` line), else None."""
     meta = run.get("meta") or {}
-    if meta.get("kind", "train") == "train":
+    if meta.get("kind", "train") not in JOB_KINDS:  # train, exec, adopted: a training program of some kind
         return None
     return str(meta.get("job") or f"a {meta.get('kind')} run")
 
@@ -164,7 +170,8 @@ class Watcher:
             self.sweeps.append(sweep)
         report = self.scanner.report()
         hb = (run or {}).get("heartbeat")
-        step = report.last_progress.values.get("step") if report.last_progress else None
+        stepped = report.last_step_point  # a dict line without a step (HF Trainer) between two bars is no new step
+        step = stepped.values.get("step") if stepped else None
         if step is None and isinstance(hb, dict) and isinstance(hb.get("step"), int | float):
             step = float(hb["step"])
         if step != self.last_step:
@@ -221,7 +228,7 @@ def status_once(target: Target, run: str | None = None, *, thresholds: Threshold
     doc = probe.probe_once(target, target.host.workspace, run or "latest", log_max=log_max, require_run=False)
     if doc.get("run") is None:
         raise _no_run(target.host, run)
-    return Watcher(target.host.name, thresholds).update(doc)
+    return Watcher(target.host.name, thresholds, scanner=host_scanner(target.host)).update(doc)
 
 
 def watch(connect: Callable[[], Target], run: str | None = None, *, interval: float = 1.0,
@@ -240,7 +247,7 @@ def watch(connect: Callable[[], Target], run: str | None = None, *, interval: fl
                                            require_run=False)
                     if doc.get("run") is None:
                         raise _no_run(target.host, run)
-                    w = Watcher(target.host.name, thresholds, live=True)
+                    w = Watcher(target.host.name, thresholds, live=True, scanner=host_scanner(target.host))
                     yield w.update(doc)
                 for doc in probe.probe_stream(target, target.host.workspace, w.run_id, w.next_offset, interval,
                                               log_max=log_max, log_inode=w.inode):

@@ -1,4 +1,7 @@
-"""stop: end one run (SIGTERM to its process group, grace, SIGKILL) and record that the user did."""
+"""stop: end one run (SIGTERM to its process group, grace, SIGKILL) and record that the user did.
+
+An adopted run (`dflashctl adopt`) is stopped the same way, its process's identity (pid + start time + argv)
+checked again in the container right before each signal: a pid reused since the adopt is never signalled."""
 
 from __future__ import annotations
 
@@ -34,8 +37,11 @@ def stop(target: Target, run: str | None, *, grace_s: float = 30.0) -> StopResul
     while info.ending and time.monotonic() < deadline:  # already ending by itself: report how it ended
         time.sleep(0.25)
         info, before = get_run(target, info.id, gpus=True)
+    identity = (info.meta or {}).get("adopted") if info.kind == "adopted" else None
     if not info.alive:
-        if info.exit_code is None:
+        if info.exit_code is None and identity is not None:
+            state = "has ended (adopted: its exit code is unknown, it was not started by dflashctl)"
+        elif info.exit_code is None:
             state = "is not running (no live process and no exit code: lost)"
         elif info.stopped:
             state = f"was already stopped (exit code {info.exit_code})"
@@ -43,9 +49,13 @@ def stop(target: Target, run: str | None, *, grace_s: float = 30.0) -> StopResul
             state = f"has already ended with exit code {info.exit_code}"
         raise NotRunning(f"run {info.id} {state}; nothing to stop",
                          hint="see `dflashctl runs` for what is running")
-    res = scripts.call(target, "reaper", "stop", {"run_dir": info.dir, "run_id": info.id, "grace_s": grace_s},
-                       timeout=grace_s + 60)
+    spec = {"run_dir": info.dir, "run_id": info.id, "grace_s": grace_s, "identity": identity}
+    res = scripts.call(target, "reaper", "stop", spec, timeout=grace_s + 60)
     if res.get("outcome") != "stopped":
+        if identity is not None:
+            why = ("its pid now names another process, which is left alone" if res.get("changed")
+                   else "it is gone")
+            raise NotRunning(f"run {info.id} ended before it could be stopped ({why})")
         raise NotRunning(f"run {info.id} ended before it could be stopped (exit code {res.get('exit_code')})")
     _, after = get_run(target, info.id, gpus=True)
     return StopResult(info.id, int(res["pid"]), int(res["exit_code"]), bool(res.get("escalated")),

@@ -3,8 +3,9 @@
 A zombie is a process of an *earlier* run (by its DFLASH_RUN_ID marker, never by command line),
 a defunct child nobody reaps (we end its marked parent), or a process holding GPU memory that
 belongs to no live run. The current run (runs/latest, alive) is never a zombie; a process without
-our marker is listed but never signalled unless the user names its pid. Before any signal the
-pid's start time and marker are checked again in the container (pid reuse).
+our marker is listed but never signalled unless the user names its pid — and an adopted current
+run's process (it has no marker) not even then. Before any signal the pid's start time and marker
+are checked again in the container (pid reuse).
 """
 
 from __future__ import annotations
@@ -62,14 +63,20 @@ def scan(target: Target, named_pids: tuple[int, ...] = ()) -> ZombieScan:
                            pids=tuple(named_pids) + on_gpu, require_run=False)
     run = doc.get("run") or {}
     current = run.get("id") if run.get("alive") else None
-    return classify(doc.get("procs") or [], current, host_gpu, named_pids, set(doc.get("run_ids") or []))
+    adopted = (run.get("meta") or {}).get("adopted") if current else None
+    protected = (int(adopted["pid"]),) if isinstance(adopted, dict) and adopted.get("pid") else ()
+    return classify(doc.get("procs") or [], current, host_gpu, named_pids, set(doc.get("run_ids") or []),
+                    protected=protected)
 
 
 def classify(procs: list[dict[str, Any]], current: str | None, host_gpu: dict[str, Any] | None = None,
-             named_pids: tuple[int, ...] = (), known_runs: set[str] | None = None) -> ZombieScan:
+             named_pids: tuple[int, ...] = (), known_runs: set[str] | None = None, *,
+             protected: tuple[int, ...] = ()) -> ZombieScan:
     """Pure decision: which of the probe's processes to end, and why (or why not).
     known_runs: run ids of this workspace; a marker naming another run belongs to another
-    workspace (another user, another checkout) and is left alone. None: do not check."""
+    workspace (another user, another checkout) and is left alone. None: do not check.
+    protected: processes of the current run that carry no marker (an adopted run's process): never
+    listed, never ended, even when named."""
     out = ZombieScan(current)
 
     def ours(marker: str | None) -> bool:
@@ -103,6 +110,11 @@ def classify(procs: list[dict[str, Any]], current: str | None, host_gpu: dict[st
 
     for pid, p in sorted(by_pid.items()):
         marker = p.get("run_id")
+        if pid in protected:
+            if pid in named:
+                raise ConfigError(f"pid {pid} is the process of the current run {current} (adopted)",
+                                  hint=f"stop the run instead: dflashctl stop {current}")
+            continue
         if p["state"] == "Z":
             parent = by_pid.get(int(p["ppid"]))
             pmark = parent.get("run_id") if parent else None

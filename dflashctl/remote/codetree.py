@@ -1,10 +1,20 @@
-"""The trainer tree: which files ship, its content hash, and installing it (stdlib only).
+"""The deployed code tree: which files ship, its content hash, and installing it (stdlib only).
 
 Imported here to pack and hash the local tree, and sent to the container (as source) to hash the
-deployed tree and install a new one, so both sides hash with the very same code. Install layout:
-`<workspace>/.code/<hash16>/trainer/...` plus `.dflash-code-hash`, with `<workspace>/code` a
-symlink swapped atomically; a running trainer keeps the version it started in (its cwd), and old
+deployed tree and install a new one, so both sides pick the files and hash them with the very same
+code. A tree is a directory plus a prefix: our trainer package ships with prefix `trainer` (it
+lands as `<workspace>/code/trainer/...`, so `python -m trainer` works from `code/`), any other
+directory with none (its files land directly under `<workspace>/code/`). The hash is over the
+paths as they land, so it is also the hash of `code/` itself. Install layout:
+`<workspace>/.code/<hash16>/...` plus `.dflash-code-hash`, with `<workspace>/code` a symlink
+swapped atomically; a running program keeps the version it started in (its cwd), and old
 versions are pruned only when no process works in them.
+
+Which files ship: regular files (never symlinks), minus ALWAYS_DIRS / ALWAYS_SUFFIXES / any
+virtualenv (a directory holding `pyvenv.cfg`), minus what the tree's own `.gitignore` and
+`.dflashignore` files exclude (root and nested, gitignore syntax; DEFAULT_IGNORE comes first, so
+`!build/` can bring a default back). Ignore files above the tree are not read: the container
+sees only the tree, and both sides must choose alike.
 """
 
 from __future__ import annotations
@@ -14,60 +24,204 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import tarfile
 import time
 
 FRAME = "DFLASH-RESULT "
-HASH_FILE = ".dflash-code-hash"
-SKIP_DIRS = {"__pycache__", ".venv", "venv", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis",
-             "build", "dist", ".ipynb_checkpoints"}
-SKIP_SUFFIXES = (".pyc", ".pyo", ".egg-info", ".swp", "~")
+HASH_FILE = ".dflash-code-hash"  # at the root of each version directory; never part of a tree
+IGNORE_FILES = (".gitignore", ".dflashignore")  # read in this order per directory: .dflashignore's rules win
+# Never ship, whatever an ignore file says: version control, caches, virtualenvs, bytecode.
+ALWAYS_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".pytest_cache", ".mypy_cache",
+                         ".ruff_cache", ".hypothesis", ".ipynb_checkpoints", ".tox", ".nox"})
+ALWAYS_SUFFIXES = (".pyc", ".pyo")
+# Not shipped unless an ignore file re-includes them (`!checkpoints/`): build output, editor leftovers,
+# and what training tools write into their working directory (W&B, MLflow, Lightning, checkpoints).
+DEFAULT_IGNORE = ("node_modules/", "build/", "dist/", "*.egg-info", ".cache/", "wandb/", "mlruns/",
+                  "lightning_logs/", "checkpoints/", "*.swp", "*~", ".DS_Store")
 KEEP_VERSIONS = 3
 
+Rule = tuple[bool, bool, "re.Pattern[str]"]  # (negated, directories only, regex over the path below the rule's dir)
 
-def iter_files(root: str) -> list[str]:
-    """Relative posix paths of the files that ship, sorted (symlinks and caches never do)."""
+
+# ------------------------------------------------------------------------------------- gitignore rules
+
+
+def compile_rule(line: str) -> Rule | None:
+    """One line of a .gitignore (git's rules: `#`, `!`, trailing `/`, `*`, `?`, `[...]`, `**`, a `/` anchors)."""
+    line = line.rstrip("\r\n")
+    end = len(line)
+    while end and line[end - 1] == " " and not (end > 1 and line[end - 2] == "\\"):
+        end -= 1  # trailing spaces are dropped unless escaped
+    line = line[:end]
+    if not line or line.startswith("#"):
+        return None
+    negated = line.startswith("!")
+    if negated:
+        line = line[1:]
+    dir_only = line.endswith("/") and not line.endswith("\\/")
+    line = line.rstrip("/") if dir_only else line
+    if not line:
+        return None
+    anchored = "/" in line  # a slash at the start or in the middle: relative to the ignore file's directory
+    body = _translate(line.lstrip("/"))
+    return negated, dir_only, re.compile(body if anchored else "(?:.*/)?" + body, re.DOTALL)
+
+
+def _translate(pattern: str) -> str:
+    parts = pattern.split("/")
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")
-                             and not os.path.islink(os.path.join(dirpath, d)))
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            if name.endswith(SKIP_SUFFIXES) or os.path.islink(path) or not os.path.isfile(path):
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if part == "**":
+            out.append(".*" if last else "(?:.*/)?")  # `a/**`: all inside a; `**/b`, `a/**/b`: zero or more dirs
+        else:
+            out.append(_segment(part) + ("" if last else "/"))
+    return "".join(out)
+
+
+def _segment(s: str) -> str:
+    """One path component: `*` and `?` never match `/`, brackets as in fnmatch, backslash escapes."""
+    out, i, n = [], 0, len(s)
+    while i < n:
+        c = s[i]
+        i += 1
+        if c == "*":
+            while i < n and s[i] == "*":
+                i += 1
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "\\" and i < n:
+            out.append(re.escape(s[i]))
+            i += 1
+        elif c == "[":
+            j = i + (1 if i < n and s[i] in "!^" else 0)
+            j += 1 if j < n and s[j] == "]" else 0
+            while j < n and s[j] != "]":
+                j += 2 if s[j] == "\\" else 1
+            if j >= n:
+                out.append(re.escape(c))
                 continue
-            out.append(os.path.relpath(path, root).replace(os.sep, "/"))
+            body, i = s[i:j], j + 1
+            negated = body[:1] in ("!", "^")
+            body = body[1:] if negated else body
+            cls, k = [], 0
+            while k < len(body):
+                ch = body[k]
+                if ch == "\\" and k + 1 < len(body):
+                    k += 1
+                    ch = body[k]
+                    cls.append("\\" + ch if ch in "\\^[]-" else ch)
+                else:
+                    cls.append("\\" + ch if ch in "\\^[]&~|" else ch)
+                k += 1
+            out.append(f"[^/{''.join(cls)}]" if negated else f"(?!/)[{''.join(cls)}]")
+        else:
+            out.append(re.escape(c))
+    return "".join(out)
+
+
+DEFAULT_RULES = [r for r in map(compile_rule, DEFAULT_IGNORE) if r is not None]
+
+
+def _read_rules(dirpath: str) -> list[Rule]:
+    rules: list[Rule] = []
+    for name in IGNORE_FILES:
+        path = os.path.join(dirpath, name)
+        if os.path.isfile(path) and not os.path.islink(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                rules += [r for r in map(compile_rule, f) if r is not None]
+    return rules
+
+
+def _ignored(stack: list[tuple[str, list[Rule]]], rel: str, is_dir: bool) -> bool:
+    """Last matching rule wins; a deeper directory's rules come later, so they win over a parent's."""
+    verdict = False
+    for base, rules in stack:
+        sub = rel[len(base) + 1:] if base else rel
+        for negated, dir_only, rx in rules:
+            if (is_dir or not dir_only) and rx.fullmatch(sub):
+                verdict = not negated
+    return verdict
+
+
+# ----------------------------------------------------------------------------------------- the tree
+
+
+def scan(root: str, prefix: str = "") -> list[tuple[str, str, int]]:
+    """(path as it lands, path on disk, size in bytes) of every file that ships from root, sorted.
+    prefix: the directory the tree lands in below `code/` ("" = directly in it, "trainer" = ours)."""
+    out: list[tuple[str, str, int]] = []
+    _scan(root, prefix, [("", DEFAULT_RULES)], out)
     return sorted(out)
 
 
-def tree_hash(root: str) -> str | None:
-    """sha256 over (path, executable bit, content sha256) of every shipped file; None if no tree."""
-    if not os.path.isdir(root):
-        return None
+def _scan(dirpath: str, rel_dir: str, stack: list[tuple[str, list[Rule]]], out: list[tuple[str, str, int]]) -> None:
+    rules = _read_rules(dirpath)
+    if rules:
+        stack = [*stack, (rel_dir, rules)]
+    with os.scandir(dirpath) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for e in entries:
+        rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+        if e.is_symlink():
+            continue
+        if e.is_dir(follow_symlinks=False):
+            venv = os.path.isfile(os.path.join(e.path, "pyvenv.cfg"))
+            if e.name in ALWAYS_DIRS or venv or _ignored(stack, rel, True):
+                continue
+            _scan(e.path, rel, stack, out)
+        elif e.is_file(follow_symlinks=False):
+            if e.name.endswith(ALWAYS_SUFFIXES) or rel == HASH_FILE:
+                continue
+            if e.name not in IGNORE_FILES and _ignored(stack, rel, False):  # the rules read always ship with them
+                continue
+            out.append((rel, e.path, e.stat(follow_symlinks=False).st_size))
+
+
+def iter_files(root: str, prefix: str = "") -> list[str]:
+    """Relative posix paths (as they land) of the files that ship, sorted."""
+    return [rel for rel, _path, _size in scan(root, prefix)]
+
+
+def digest(entries: list[tuple[str, str, int]]) -> str:
+    """sha256 over (path, executable bit, content sha256) of every file, in order."""
     h = hashlib.sha256()
-    for rel in iter_files(root):
-        path = os.path.join(root, rel)
+    for rel, path, _size in entries:
+        fh = hashlib.sha256()
         with open(path, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                fh.update(chunk)
         mode = "x" if os.stat(path).st_mode & 0o111 else "-"
-        h.update(f"{rel}\0{mode}\0{digest}\n".encode())
+        h.update(f"{rel}\0{mode}\0{fh.hexdigest()}\n".encode())
     return h.hexdigest()
 
 
-def pack(root: str, arc_root: str = "trainer") -> bytes:
-    """A gzip tar of the shipped files under `arc_root/` (deterministic: fixed owner and mtime)."""
+def tree_hash(root: str, prefix: str = "") -> str | None:
+    """The tree's hash (see digest); None if there is no directory."""
+    if not os.path.isdir(root):
+        return None
+    return digest(scan(root, prefix))
+
+
+def pack(root: str, prefix: str = "", entries: list[tuple[str, str, int]] | None = None) -> bytes:
+    """A gzip tar of the shipped files, named as they land (deterministic: fixed owner and mtime)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
-        for rel in iter_files(root):
-            path = os.path.join(root, rel)
-            info = tarfile.TarInfo(f"{arc_root}/{rel}")
+        for rel, path, _size in (scan(root, prefix) if entries is None else entries):
+            info = tarfile.TarInfo(rel)
             info.size = os.path.getsize(path)
             info.mode = 0o755 if os.stat(path).st_mode & 0o111 else 0o644
             info.mtime = 0
             with open(path, "rb") as f:
                 tar.addfile(info, f)
     return buf.getvalue()
+
+
+# ------------------------------------------------------------------------------------ container side
 
 
 def _emit(doc: dict) -> int:
@@ -82,7 +236,7 @@ def state(spec: dict) -> int:
     recorded = None
     with contextlib.suppress(OSError), open(os.path.join(code, HASH_FILE)) as f:
         recorded = f.read().strip() or None
-    return _emit({"recorded": recorded, "actual": tree_hash(os.path.join(code, "trainer")),
+    return _emit({"recorded": recorded, "actual": tree_hash(code),
                   "path": os.path.realpath(code) if os.path.exists(code) else None})
 
 
@@ -93,11 +247,15 @@ def install(spec: dict) -> int:
     os.makedirs(versions, exist_ok=True)
     tmp = os.path.join(versions, f".tmp-{os.getpid()}-{int(time.time())}")
     os.mkdir(tmp)
+    set_aside = None
     try:
-        with tarfile.open(fileobj=io.BytesIO(sys.stdin.buffer.read()), mode="r:gz") as tar:
-            for m in tar.getmembers():
+        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|gz") as tar:  # streamed: never all in memory
+            for m in tar:
                 parts = m.name.split("/")
-                if not m.isfile() or m.name.startswith("/") or ".." in parts or parts[0] != "trainer":
+                if not m.isfile() or m.name.startswith("/") or m.name == HASH_FILE \
+                        or any(p in ("", ".", "..") for p in parts):
+                    for _ in iter(lambda: sys.stdin.buffer.read(1 << 20), b""):
+                        pass  # drain: the sender is still writing
                     return _emit({"error": f"refusing tar member {m.name!r}"})
                 dest = os.path.join(tmp, *parts)
                 os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -105,12 +263,15 @@ def install(spec: dict) -> int:
                 with open(dest, "wb") as f:
                     shutil.copyfileobj(src, f)
                 os.chmod(dest, m.mode & 0o755)
-        got = tree_hash(os.path.join(tmp, "trainer"))
+        got = tree_hash(tmp)
         if got != spec["hash"]:
             return _emit({"error": f"hash mismatch after unpacking: expected {spec['hash']}, got {got}"})
         with open(os.path.join(tmp, HASH_FILE), "w") as f:
             f.write(got + "\n")
         final = os.path.join(versions, got[:16])
+        if os.path.isdir(final) and tree_hash(final) != got:  # this version, edited in place since: set it aside
+            set_aside = f"{final}-edited-{int(time.time())}-{os.getpid()}"
+            os.rename(final, set_aside)  # a program running in it keeps running there
         try:
             os.rename(tmp, final)
         except OSError:  # this version is already there (an earlier or a concurrent deploy): keep it
@@ -128,7 +289,8 @@ def install(spec: dict) -> int:
     tmp_link = os.path.join(ws, f".code-link-{os.getpid()}")
     os.symlink(os.path.join(".code", got[:16]), tmp_link)
     os.replace(tmp_link, link)
-    return _emit({"hash": got, "path": final, "moved_legacy": moved, "pruned": _prune(versions, final)})
+    return _emit({"hash": got, "path": final, "moved_legacy": moved, "set_aside": set_aside,
+                  "pruned": _prune(versions, final)})
 
 
 def _prune(versions: str, keep: str) -> list[str]:

@@ -1,18 +1,29 @@
-"""Start a run detached inside the container, and supervise it (stdlib only; runs there, not here).
+"""Start a run detached inside the container, supervise it, or adopt one started by hand (stdlib only; runs
+there, not here).
 
-Two modes, one file:
+Three modes, one file:
 
 * launch (the client sends this source on stdin with a SPEC appended): creates the run
-  directory exclusively, config.toml, meta.json and train.log (before anything starts), points
-  runs/latest at it, then forks a supervisor in a new session with stdin /dev/null, stdout and
-  stderr on train.log and every other fd closed, so `pct exec` / ssh return at once. It prints one
-  framed line `DFLASH-RESULT <json>` (run id, dir, pid) and exits.
+  directory exclusively, config.toml (the bundled trainer only), meta.json and train.log (before
+  anything starts), points runs/latest at it, then forks a supervisor in a new session with stdin
+  /dev/null, stdout and stderr on train.log and every other fd closed, so `pct exec` / ssh return at
+  once. It prints one framed line `DFLASH-RESULT <json>` (run id, dir, pid) and exits. The program is
+  `python -m trainer --config … --run-dir …` (the bundled trainer), or any argv (`launch --exec`), or
+  `bash -c CMD` (`launch --shell`), started in <workspace>/code with the run's own variables
+  (DFLASH_RUN_ID, DFLASH_RUN_DIR, PYTHONUNBUFFERED=1 and the user's --env).
 * supervise (`python3 <run-dir>/launcher.py supervise <run-dir>`, exec'd with DFLASH_RUN_ID in its
-  environment): writes its own pid to `supervisor.pid`, starts the trainer as the leader of its
-  own process group, writes `pid`, forwards SIGTERM to the group, waits, cleans up leftovers of the
-  group and writes `exit_code` atomically, so a crash is recorded though nobody is attached.
+  environment): writes its own pid to `supervisor.pid`, starts the program as the leader of its
+  own process group, writes `pid`, forwards SIGTERM to the group, waits, ends what is left of the
+  group and every other process carrying the run's marker (torchrun's workers run in sessions of
+  their own), and writes `exit_code` atomically, so a crash is recorded though nobody is attached.
   Readers count the run alive until `exit_code` while the supervisor lives, so the seconds spent
   reaping leftovers never look like a lost run.
+* adopt: records a run for a process dflashctl did not start: meta.json kind "adopted" with the
+  process's identity (pid, start time, boot time, argv, cwd), `pid`, and `train.log` a symlink to the
+  log it writes. Under the same lock as launch: never beside a live run.
+
+Whether a run is alive is the probe's rule (pieces/runstate.py `liveness`), bundled into this file
+as it travels (remote/scripts.py), not a copy of it.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import contextlib
 import fcntl
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -28,10 +40,22 @@ import subprocess
 import sys
 import time
 
-FRAME = "DFLASH-RESULT "
-MARKER = "DFLASH_RUN_ID"
+from dflashctl.remote.probe.pieces.runstate import adopted_by, live_latest  # probe:bundle
+from dflashctl.remote.probe.pieces.util import (  # probe:bundle
+    MARKER,
+    proc_env_var,
+    proc_marker,
+    proc_stat,
+    process_identity,
+    read_bytes,
+    read_int,
+)
+
+RESULT_FRAME = "DFLASH-RESULT "
+RUN_DIR_VAR = "DFLASH_RUN_DIR"
 GROUP_GRACE_S = 5.0
 KILL_WAIT_S = 5.0
+CODE_HASH_FILE = ".dflash-code-hash"  # remote/codetree.py's HASH_FILE
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -44,7 +68,7 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def _emit(doc: dict) -> int:
-    sys.stdout.write(FRAME + json.dumps(doc) + "\n")
+    sys.stdout.write(RESULT_FRAME + json.dumps(doc) + "\n")
     sys.stdout.flush()
     return 0 if "error" not in doc else 1
 
@@ -63,19 +87,40 @@ def _mkdir_exclusive(runs_dir: str, base_id: str) -> tuple[str, str]:
     raise RuntimeError(f"no free run directory for {base_id} in {runs_dir}")
 
 
+def _lock(runs_dir: str) -> int:
+    """The launch lock, held until this program exits: two launches (or adopts) at once cannot both pass the
+    live-run check."""
+    os.makedirs(runs_dir, exist_ok=True)
+    fd = os.open(os.path.join(os.path.dirname(runs_dir.rstrip("/")), ".launch.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _point_latest(runs_dir: str, run_id: str) -> None:
+    tmp_link = os.path.join(runs_dir, f".latest-{os.getpid()}")
+    os.symlink(run_id, tmp_link)
+    os.replace(tmp_link, os.path.join(runs_dir, "latest"))
+
+
+def _now_iso(epoch: float | None = None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
 def launch(spec: dict, source: str) -> int:
     cwd = spec["cwd"]
+    command, shell = spec.get("command"), spec.get("shell")
+    exec_mode = command is not None or shell is not None
     config_src = None
-    if spec.get("config_text") is None:
+    if exec_mode:
+        if not os.path.isdir(cwd):
+            return _emit({"error": "code-missing", "message": f"no code deployed in {cwd}"})
+    elif spec.get("config_text") is None:
         path = spec["config_path"]
         config_src = path if os.path.isabs(path) else os.path.join(cwd, path)
         if not os.path.isfile(config_src):
             return _emit({"error": "config-missing", "message": f"config {config_src} not found in the container"})
-    os.makedirs(spec["runs_dir"], exist_ok=True)
-    lock = os.open(os.path.join(os.path.dirname(spec["runs_dir"].rstrip("/")), ".launch.lock"),
-                   os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(lock, fcntl.LOCK_EX)  # held until we exit: two launches at once cannot both pass this point
-    live = _live_latest(spec["runs_dir"])
+    _lock(spec["runs_dir"])
+    live = live_latest(spec["runs_dir"])
     if live:
         return _emit({"error": "run-alive", "message": f"run {live} is still running", "run_id": live})
     resume = spec.get("resume_from")
@@ -91,37 +136,40 @@ def launch(spec: dict, source: str) -> int:
     except (OSError, RuntimeError) as e:
         return _emit({"error": "run-dir", "message": str(e)})
     resumed = _take_checkpoint(checkpoint, run_dir, resume) if resume and checkpoint else None
-    config = os.path.join(run_dir, "config.toml")
-    if config_src is None:
-        _write_atomic(config, spec["config_text"].encode("utf-8"))
-    else:
-        with open(config_src, "rb") as f:
-            _write_atomic(config, f.read())
-    argv = [spec["python"], "-m", spec["module"], "--config", config, "--run-dir", run_dir, *spec["extra"]]
     meta = dict(spec["meta"])
+    if exec_mode:
+        argv = list(command) if command is not None else [shutil.which("bash") or "/bin/sh", "-c", shell]
+        meta["config"] = None
+        if not meta.get("code_hash"):
+            meta["code_hash"] = _recorded_hash(cwd)
+    else:
+        config = os.path.join(run_dir, "config.toml")
+        if config_src is None:
+            _write_atomic(config, spec["config_text"].encode("utf-8"))
+        else:
+            with open(config_src, "rb") as f:
+                _write_atomic(config, f.read())
+        argv = [spec["python"], "-m", spec["module"], "--config", config, "--run-dir", run_dir, *spec["extra"]]
+        meta["config"] = dict(meta.get("config") or {}, path=config, copied_from=config_src)
     meta.update({
         "id": run_id,
         "run_dir": run_dir,
         "argv": argv,
         "cwd": os.path.realpath(cwd),
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "started_at": _now_iso(),
         "started_at_epoch": time.time(),
     })
-    meta["config"] = dict(meta.get("config") or {}, path=config, copied_from=config_src)
     if resumed:
         meta["resumed_from"] = resumed
+    env = _run_env(spec.get("env") or {}, run_id, run_dir)
     _write_atomic(os.path.join(run_dir, "meta.json"), (json.dumps(meta, indent=2) + "\n").encode())
     _write_atomic(os.path.join(run_dir, "launch.json"),
-                  json.dumps({"argv": argv, "cwd": cwd, "env": spec.get("env") or {}}).encode())
+                  json.dumps({"argv": argv, "cwd": cwd, "env": spec.get("env") or {},
+                              "what": "program" if exec_mode else "trainer"}).encode())
     _write_atomic(os.path.join(run_dir, "launcher.py"), source.encode())
     log_fd = os.open(os.path.join(run_dir, "train.log"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-    tmp_link = os.path.join(spec["runs_dir"], f".latest-{os.getpid()}")
-    os.symlink(run_id, tmp_link)
-    os.replace(tmp_link, os.path.join(spec["runs_dir"], "latest"))
+    _point_latest(spec["runs_dir"], run_id)
 
-    env = dict(os.environ)
-    env.update(spec.get("env") or {})
-    env[MARKER] = run_id
     sys.stdout.flush()
     child = os.fork()
     if child == 0:  # the supervisor-to-be: detach completely, then exec with the marker in its environ
@@ -142,6 +190,106 @@ def launch(spec: dict, source: str) -> int:
     pid, exit_code = _wait_for_pid(run_dir, child, timeout=5.0)
     return _emit({"run_id": run_id, "run_dir": run_dir, "pid": pid, "exit_code": exit_code, "supervisor": child,
                   "resumed_from": resumed})
+
+
+def _run_env(extra: dict, run_id: str, run_dir: str) -> dict:
+    """The program's environment: ours (what `pct exec` left: with --clear-env only PATH and what the
+    container's config sets), HOME/USER/LOGNAME from the passwd database where that cleared them (as a
+    login would set them), the spec's variables (PYTHONUNBUFFERED=1, the user's --env), and the run's own."""
+    env = dict(os.environ)
+    with contextlib.suppress(KeyError):
+        pw = pwd.getpwuid(os.getuid())
+        env.setdefault("HOME", pw.pw_dir)
+        env.setdefault("USER", pw.pw_name)
+        env.setdefault("LOGNAME", pw.pw_name)
+    env.update({str(k): str(v) for k, v in extra.items()})
+    env[MARKER] = run_id
+    env[RUN_DIR_VAR] = run_dir
+    return env
+
+
+def _recorded_hash(cwd: str) -> str | None:
+    try:
+        with open(os.path.join(cwd, CODE_HASH_FILE)) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def adopt(spec: dict) -> int:
+    """spec: {runs_dir, base_id, pid, starttime (as the client saw it), log, meta}. Refusals, as {"error"}:
+    no-such-pid (gone, defunct, or its start time changed: another process now), marked (a process of a run
+    we started), already-adopted, run-alive, no-log, log-not-file."""
+    pid = int(spec["pid"])
+    if pid == 1:
+        return _emit({"error": "init", "message": "pid 1 is the container's init, not a training process"})
+    st = proc_stat(pid)
+    if st is None or st["state"] in ("Z", "X"):
+        return _emit({"error": "no-such-pid", "message": f"process {pid} " + ("has exited (defunct)" if st is not None
+                                                                              else "does not exist")})
+    if spec.get("starttime") is not None and st["starttime"] != int(spec["starttime"]):
+        return _emit({"error": "no-such-pid", "message": f"process {pid} exited (the pid now names another process)"})
+    if not (read_bytes(f"/proc/{pid}/cmdline", 16) or b""):
+        return _emit({"error": "kernel-thread", "message": f"pid {pid} is a kernel thread (it has no command line)"})
+    marker = proc_marker(pid)
+    if marker:
+        return _emit({"error": "marked", "message": f"pid {pid} is part of run {marker}, which dflashctl launched",
+                      "run_id": marker})
+    runs_dir = spec["runs_dir"]
+    _lock(runs_dir)
+    identity = _identity(pid)
+    if identity is None:
+        return _emit({"error": "no-such-pid", "message": f"process {pid} exited"})
+    already = adopted_by(runs_dir, identity)
+    if already:
+        return _emit({"error": "already-adopted", "message": f"pid {pid} is already adopted as run {already}",
+                      "run_id": already})
+    live = live_latest(runs_dir)
+    if live:
+        return _emit({"error": "run-alive", "message": f"run {live} is still running", "run_id": live})
+    log = spec["log"]
+    if not os.path.isabs(log):  # `nohup prog > train.log &` names it relative to where it was started
+        log = os.path.join(identity["cwd"] or "/", log)
+    log = os.path.normpath(log)
+    if not os.path.exists(log):
+        return _emit({"error": "no-log", "message": f"log {log} does not exist"})
+    if not os.path.isfile(log):
+        return _emit({"error": "log-not-file", "message": f"log {log} is not a regular file"})
+    try:
+        run_id, run_dir = _mkdir_exclusive(runs_dir, spec["base_id"])
+    except (OSError, RuntimeError) as e:
+        return _emit({"error": "run-dir", "message": str(e)})
+    meta = dict(spec.get("meta") or {})
+    meta.update({
+        "id": run_id,
+        "run_dir": run_dir,
+        "kind": "adopted",
+        "argv": identity["cmdline"],
+        "cwd": identity["cwd"],
+        "log": log,
+        "adopted": {k: identity[k] for k in ("pid", "starttime", "boot_time", "clk_tck", "start_epoch", "cmdline")},
+        "started_at": _now_iso(identity["start_epoch"]),
+        "started_at_epoch": identity["start_epoch"],
+        "adopted_at": _now_iso(),
+        "launched_by": "hand (adopted by dflashctl)",
+    })
+    _write_atomic(os.path.join(run_dir, "meta.json"), (json.dumps(meta, indent=2) + "\n").encode())
+    _write_atomic(os.path.join(run_dir, "pid"), f"{pid}\n".encode())
+    os.symlink(log, os.path.join(run_dir, "train.log"))  # the probe, logs and status read the adopted log
+    _point_latest(runs_dir, run_id)
+    return _emit({"run_id": run_id, "run_dir": run_dir, "pid": pid, "log": log, "cmdline": identity["cmdline"],
+                  "cwd": identity["cwd"], "started_at": meta["started_at"], "pgid": identity["pgid"]})
+
+
+def _identity(pid: int) -> dict | None:
+    from_util = process_identity(pid)
+    if from_util is None:
+        return None
+    try:
+        from_util["cwd"] = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        from_util["cwd"] = None
+    return from_util
 
 
 _CHECKPOINT = re.compile(r"^step-(\d{8})\.pt$")  # trainer/checkpoint.py's names: temp files never match
@@ -174,11 +322,11 @@ def _take_checkpoint(checkpoint: str, run_dir: str, source_run: str) -> dict:
 
 
 def _wait_for_pid(run_dir: str, child: int, timeout: float) -> tuple[int | None, int | None]:
-    """The trainer's pid as the supervisor records it (or the exit code if it could not start)."""
+    """The program's pid as the supervisor records it (or the exit code if it could not start)."""
     deadline = time.time() + timeout
     while True:
-        pid = _read_int(os.path.join(run_dir, "pid"))
-        code = _read_int(os.path.join(run_dir, "exit_code"))
+        pid = read_int(os.path.join(run_dir, "pid"))
+        code = read_int(os.path.join(run_dir, "exit_code"))
         if pid is not None or code is not None or time.time() > deadline:
             return pid, code
         with contextlib.suppress(ChildProcessError):  # our child until we exit: reap it if it died early
@@ -187,66 +335,8 @@ def _wait_for_pid(run_dir: str, child: int, timeout: float) -> tuple[int | None,
 
 
 def _live_latest(runs_dir: str) -> str | None:
-    """The latest run's id while it is alive, by the probe's rule (pieces/runstate.py `liveness`): its
-    recorded pid lives and carries its marker; or, until its exit code is recorded, its supervisor or
-    a marked process of the trainer's group still does (it is ending: leftovers being reaped)."""
-    try:
-        run_id = os.path.basename(os.readlink(os.path.join(runs_dir, "latest")))
-    except OSError:
-        return None
-    run_dir = os.path.join(runs_dir, run_id)
-    pid = _read_int(os.path.join(run_dir, "pid"))
-    if _ours(pid, run_id):
-        return run_id
-    if _read_int(os.path.join(run_dir, "exit_code")) is not None:
-        return None
-    if _ours(_read_int(os.path.join(run_dir, "supervisor.pid")), run_id) or _group_marked(pid, run_id):
-        return run_id
-    return None
-
-
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """/proc/PID/stat after the command name: [state, ppid, pgrp, ...]."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _ours(pid: int | None, run_id: str) -> bool:
-    """pid is alive (not defunct) and carries run_id's marker (a reused pid carries another)."""
-    if not pid:
-        return False
-    fields = _stat_fields(pid)
-    if not fields or fields[0] in (b"Z", b"X"):
-        return False
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read().split(b"\0")
-    except OSError:
-        return False
-    return f"{MARKER}={run_id}".encode() in env
-
-
-def _group_marked(pgid: int | None, run_id: str) -> bool:
-    """Some live process of group pgid carries run_id's marker."""
-    if not pgid:
-        return False
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            fields = _stat_fields(int(name))
-            if fields and len(fields) > 2 and fields[2] == str(pgid).encode() and _ours(int(name), run_id):
-                return True
-    return False
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
+    """The latest run's id while it is alive: runstate.live_latest, the probe's own rule."""
+    return live_latest(runs_dir)
 
 
 def _close_other_fds() -> None:
@@ -284,9 +374,9 @@ def supervise(run_dir: str) -> int:
         signal.signal(sig, forward)
     rc = proc.wait()
     code = rc if rc >= 0 else 128 - rc
-    leftovers = _reap_group(proc.pid)
-    note = f"; stopped {leftovers} leftover process(es) of its group" if leftovers else ""
-    sys.stderr.write(f"[dflashctl] trainer exited with code {code}{note}\n")
+    leftovers = _reap_group(proc.pid) + _reap_marked(os.environ.get(MARKER), os.environ.get(RUN_DIR_VAR) or run_dir)
+    note = f"; stopped {leftovers} leftover process(es) of the run" if leftovers else ""
+    sys.stderr.write(f"[dflashctl] {spec.get('what') or 'trainer'} exited with code {code}{note}\n")
     sys.stderr.flush()
     _write_atomic(exit_path, f"{code}\n".encode())
     return 0
@@ -313,12 +403,47 @@ def _reap_group(pgid: int) -> int:
     return 1
 
 
+def _reap_marked(run_id: str | None, run_dir: str) -> int:
+    """Processes of this run outside the leader's group (torchrun starts each worker in a session of its own;
+    a program may setsid a helper): found by the run's marker AND its DFLASH_RUN_DIR (a run of the same id in
+    another workspace is not ours), each re-checked (start time, marker) before every signal; SIGTERM, grace,
+    SIGKILL. Returns how many there were."""
+    if not run_id:
+        return 0
+    me = os.getpid()
+    found = {}
+
+    def ours(pid: int) -> bool:
+        return proc_marker(pid) == run_id and proc_env_var(pid, RUN_DIR_VAR) == run_dir
+
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != me:
+            st = proc_stat(int(name))
+            if st is not None and st["state"] not in ("Z", "X") and ours(int(name)):
+                found[int(name)] = st["starttime"]
+
+    def still(pid: int) -> bool:
+        st = proc_stat(pid)
+        return st is not None and st["state"] not in ("Z", "X") and st["starttime"] == found[pid] and ours(pid)
+
+    for sig, wait_s in ((signal.SIGTERM, GROUP_GRACE_S), (signal.SIGKILL, KILL_WAIT_S)):
+        for pid in [p for p in found if still(p)]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        deadline = time.time() + wait_s
+        while any(still(p) for p in found) and time.time() < deadline:
+            time.sleep(0.05)
+        if not any(still(p) for p in found):
+            break
+    return len(found)
+
+
 def _group_live(pgid: int) -> bool:
     """Some process of group pgid is alive (not defunct)."""
     for name in os.listdir("/proc"):
         if name.isdigit():
-            fields = _stat_fields(int(name))
-            if fields and len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] not in (b"Z", b"X"):
+            st = proc_stat(int(name))
+            if st is not None and st["pgid"] == pgid and st["state"] not in ("Z", "X"):
                 return True
     return False
 

@@ -15,40 +15,24 @@ import signal
 import sys
 import time
 
-FRAME = "DFLASH-RESULT "
-MARKER = "DFLASH_RUN_ID"
+from dflashctl.remote.probe.pieces.util import (  # probe:bundle
+    is_process,
+    proc_marker,
+    proc_stat,
+    read_int,
+)
+
+RESULT_FRAME = "DFLASH-RESULT "
 
 
 def _emit(doc: dict) -> int:
-    sys.stdout.write(FRAME + json.dumps(doc) + "\n")
+    sys.stdout.write(RESULT_FRAME + json.dumps(doc) + "\n")
     sys.stdout.flush()
     return 0
 
 
-def _stat(pid: int) -> dict | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    rest = text[text.rfind(")") + 2:].split()
-    return {"state": rest[0], "ppid": int(rest[1]), "pgid": int(rest[2]), "starttime": int(rest[19])}
-
-
-def _marker(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    for item in data.split(b"\0"):
-        if item.startswith(MARKER.encode() + b"="):
-            return item[len(MARKER) + 1:].decode("utf-8", "replace")
-    return None
-
-
 def _ended(pid: int, starttime: int | None) -> bool:
-    st = _stat(pid)
+    st = proc_stat(pid)
     return st is None or st["state"] in ("Z", "X") or (starttime is not None and st["starttime"] != starttime)
 
 
@@ -59,14 +43,6 @@ def _write_atomic(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
-
-
 def kill(spec: dict) -> int:
     """spec: {"targets": [{"pid", "starttime", "marker"}], "grace_s"}. Per pid: verified, signalled,
     ended. A pid whose start time or marker changed since the scan is left alone ("changed")."""
@@ -74,11 +50,11 @@ def kill(spec: dict) -> int:
     live = []
     for t in spec["targets"]:
         pid = int(t["pid"])
-        st = _stat(pid)
+        st = proc_stat(pid)
         if st is None:
             results[pid] = {"outcome": "gone-before"}
             continue
-        if st["starttime"] != t["starttime"] or _marker(pid) != t.get("marker"):
+        if st["starttime"] != t["starttime"] or proc_marker(pid) != t.get("marker"):
             results[pid] = {"outcome": "changed", "detail": "start time or marker differs from the scan: not ours"}
             continue
         if st["state"] == "Z":
@@ -118,12 +94,15 @@ def _grace_then_kill(live: list, grace_s: float) -> dict:
 
 
 def stop(spec: dict) -> int:
-    """spec: {"run_dir", "run_id", "grace_s"}: stop one run's process group and record it."""
+    """spec: {"run_dir", "run_id", "grace_s", "identity"}: stop one run's process group and record it.
+    identity (an adopted run's process, util.process_identity's record): see _stop_adopted."""
+    if spec.get("identity") is not None:
+        return _stop_adopted(spec)
     run_dir, run_id = spec["run_dir"], spec["run_id"]
-    pid = _read_int(os.path.join(run_dir, "pid"))
-    code = _read_int(os.path.join(run_dir, "exit_code"))
-    st = _stat(pid) if pid else None
-    if pid is None or st is None or st["state"] in ("Z", "X") or _marker(pid) != run_id:
+    pid = read_int(os.path.join(run_dir, "pid"))
+    code = read_int(os.path.join(run_dir, "exit_code"))
+    st = proc_stat(pid) if pid else None
+    if pid is None or st is None or st["state"] in ("Z", "X") or proc_marker(pid) != run_id:
         return _emit({"outcome": "not-running", "exit_code": code, "pid": pid})
     _write_atomic(os.path.join(run_dir, "stopped"),
                   json.dumps({"by": "dflashctl stop", "time": time.time(), "pid": pid}).encode())
@@ -144,10 +123,10 @@ def stop(spec: dict) -> int:
             time.sleep(0.1)
     # The supervisor records the exit code; give it a moment, and write it ourselves if it is gone.
     end = time.time() + 5.0
-    code = _read_int(os.path.join(run_dir, "exit_code"))
+    code = read_int(os.path.join(run_dir, "exit_code"))
     while code is None and time.time() < end:
         time.sleep(0.1)
-        code = _read_int(os.path.join(run_dir, "exit_code"))
+        code = read_int(os.path.join(run_dir, "exit_code"))
     recorded_by = "supervisor"
     if code is None:
         code = 137 if escalated else 143
@@ -157,11 +136,62 @@ def stop(spec: dict) -> int:
                   "recorded_by": recorded_by, "ended": _group_ended(pid)})
 
 
+def _stop_adopted(spec: dict) -> int:
+    """A process dflashctl did not start: no marker, no supervisor. Its identity (pid, start time, boot, argv)
+    is checked right before every signal, so a pid reused since the adopt is never signalled. SIGTERM goes to
+    its process group when it leads one (else to the pid), then grace, then SIGKILL the same way; what is left
+    of a group it led once it is gone gets SIGKILL only while nothing else holds its pid. We record the exit code
+    (143 after SIGTERM, 137 after SIGKILL: nobody can wait for a process that is not its child) and `stopped`."""
+    run_dir, identity = spec["run_dir"], spec["identity"]
+    pid = int(identity["pid"])
+    code = read_int(os.path.join(run_dir, "exit_code"))
+    st = proc_stat(pid)
+    if not is_process(identity) or st is None:
+        return _emit({"outcome": "not-running", "exit_code": code, "pid": pid,
+                      "changed": st is not None and st["state"] not in ("Z", "X")})
+    leads = st["pgid"] == pid
+
+    def signal_it(sig: int) -> bool:
+        if not is_process(identity):
+            return False
+        with contextlib.suppress(OSError):
+            if leads:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        return True
+
+    def ended() -> bool:
+        return not is_process(identity) and (not leads or _group_ended(pid))
+
+    _write_atomic(os.path.join(run_dir, "stopped"),
+                  json.dumps({"by": "dflashctl stop", "time": time.time(), "pid": pid}).encode())
+    signal_it(signal.SIGTERM)
+    escalated = False
+    deadline = time.time() + float(spec.get("grace_s", 30.0))
+    while not ended() and time.time() < deadline:
+        time.sleep(0.1)
+    if not ended():
+        escalated = True
+        if not signal_it(signal.SIGKILL) and leads:
+            now = proc_stat(pid)  # the leader is gone; its group's pid is not reused while members remain
+            if now is None or now["state"] in ("Z", "X"):
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+        end = time.time() + 5.0
+        while not ended() and time.time() < end:
+            time.sleep(0.1)
+    code = 137 if escalated else 143
+    _write_atomic(os.path.join(run_dir, "exit_code"), f"{code}\n".encode())
+    return _emit({"outcome": "stopped", "pid": pid, "exit_code": code, "escalated": escalated,
+                  "recorded_by": "stop", "ended": ended()})
+
+
 def _group_ended(pgid: int) -> bool:
     """True when no live (non-defunct) process is left in the group."""
     for name in os.listdir("/proc"):
         if name.isdigit():
-            st = _stat(int(name))
+            st = proc_stat(int(name))
             if st is not None and st["pgid"] == pgid and st["state"] not in ("Z", "X"):
                 return False
     return True

@@ -17,8 +17,31 @@ RESULT_FRAME = "DFLASH-RESULT "
 HERE = Path(__file__).parent
 
 
+BUNDLE = "# probe:bundle"  # `from dflashctl.remote.probe.pieces.NAME import ...  # probe:bundle`
+
+
 def module_source(name: str) -> str:
-    return (HERE / f"{name}.py").read_text()
+    """remote/<name>.py as it travels: each import line ending in BUNDLE is replaced by that probe piece's
+    own source (once; its `# probe:strip` lines and `from __future__` dropped, as the probe's assembler does),
+    so the programs that run in the container share one copy of the /proc helpers and the liveness rule."""
+    out: list[str] = []
+    seen: set[str] = set()
+    in_import = False
+    for line in (HERE / f"{name}.py").read_text().splitlines():
+        if in_import:  # the names of a parenthesised bundled import
+            in_import = ")" not in line
+            continue
+        if not line.rstrip().endswith(BUNDLE):
+            out.append(line)
+            continue
+        in_import = line.split("#", 1)[0].rstrip().endswith("(")
+        piece = line.split("pieces.", 1)[1].split()[0]
+        if piece not in seen:
+            seen.add(piece)
+            out.append(f"# ---- bundled piece: {piece}")
+            out += [ln for ln in (HERE / "probe" / "pieces" / f"{piece}.py").read_text().splitlines()
+                    if not ln.rstrip().endswith("# probe:strip") and not ln.startswith("from __future__ import")]
+    return "\n".join(out) + "\n"
 
 
 def build_call(source: str, entry: str, spec: dict, *extra_args: str) -> str:

@@ -21,6 +21,7 @@ from harness.sshd import BIN, HARNESS, SshdServer
 # with its own sshd and pct state) never share a cgroup lxc/<CTID>.
 _ctids = itertools.count(200 + 1000 * (os.getpid() % 1000))
 NVIDIA_SMI = HARNESS / "gpu" / "nvidia-smi"  # not on PATH itself: set_gpus() links it into a PATH dir
+LXC_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # lxc-attach --clear-env's PATH
 
 
 def toml_str(value: str) -> str:
@@ -109,7 +110,12 @@ class PveEnv(_HostEnv):
         self.workspace_dir.mkdir(parents=True, exist_ok=True)
         self.local_workspace_dir = self.tmp / "local-workspace"
         self.conf = self.sshd.pct_state / "lxc" / f"{self.ctid}.conf"
-        self.conf.write_text(f"workspace={self.workspace_dir}\n")
+        # The CT's configured environment (`lxc.environment`: all a command in it gets, as pct exec clears the rest,
+        # bin/pct): the test image has the nvidia-smi stand-in and a python3 with torch (the venv) on its PATH.
+        image_path = ":".join([str(self.sshd.gpu_bin), str(Path(sys.executable).parent), LXC_DEFAULT_PATH])
+        self.conf.write_text(f"workspace={self.workspace_dir}\n"
+                             f"lxc.environment: PATH={image_path}\n"
+                             f"lxc.environment: DFLASH_FAKE_GPUS={self.sshd.gpu_scenario}\n")
         self.gpus = GpuScript(self.sshd.gpu_scenario, self.sshd.gpu_bin)
         self.host = Host(
             name="pve", transport="ssh", address=self.sshd.address, port=self.sshd.port, user="root",

@@ -117,7 +117,11 @@ def test_run_dirs_are_distinct_and_untouched_by_later_runs(local_host, cli, tmp_
     assert all(r["verdict"] == "finished" and r["last_step"] == 3 for r in listed)
 
 
-def test_a_program_that_exits_at_once_is_reported_failed_with_its_log(local_host, cli, tmp_path):
+def test_a_program_that_exits_at_once_is_reported_failed_with_its_log(local_host, cli, tmp_path, monkeypatch):
+    from dflashctl.commands import launch as launch_cmd
+
+    monkeypatch.setattr(launch_cmd, "ALIVE_FOR_S", 600.0)  # its death falls inside the alive window by construction
+    monkeypatch.setattr(launch_cmd, "CONFIRM_S", 600.0)
     cfg = write_config(tmp_path / "bad.toml", mode="exit-at-once")
     res = cli("launch", "--source", str(FAKE_TRAINER), "--config", str(cfg))
     assert res.code == 100
@@ -133,14 +137,13 @@ def test_a_program_that_exits_at_once_is_reported_failed_with_its_log(local_host
 
 def test_wait_for_step_reports_a_crash_before_the_first_step(local_host, cli, tmp_path):
     cfg = write_config(tmp_path / "crash.toml", mode="crash-threads")
-    res = cli("launch", "--source", str(FAKE_TRAINER), "--config", str(cfg))
-    # the threads crash at once: the launch itself sees the process die
-    assert res.code == 100 and "exited with code 1" in res.err
+    res = cli("launch", "--source", str(FAKE_TRAINER), "--config", str(cfg), "--wait-for", "step")
+    assert res.code == 100 and "exited with code 1" in res.err and "first lines of the log:" in res.err
 
 
 def test_logs_errors_prints_whole_thread_tracebacks(local_host, cli, tmp_path):
     cfg = write_config(tmp_path / "crash.toml", mode="crash-threads")
-    cli("launch", "--source", str(FAKE_TRAINER), "--config", str(cfg))
+    assert cli("launch", "--source", str(FAKE_TRAINER), "--config", str(cfg), "--wait-for", "exit").code == 100
     res = cli("logs", "--errors")
     assert res.code == 0
     for i in range(3):
@@ -206,8 +209,10 @@ def test_wait_for_step_exits_100_when_threads_crash_before_the_first_step(local_
     cfg = write_config(tmp_path / "late.toml", mode="crash-threads", delay_s=3)
     res = cli("launch", "--source", str(FAKE_TRAINER), "--config", str(cfg), "--wait-for", "step", "--json")
     assert res.code == 100
-    wait = res.json()["wait"]
-    assert wait["reached"] is False and wait["verdict"] == "crashed" and wait["exit_code"] == 1
+    doc = res.json()  # the report of a run that died before its first step (test_died_at_once.py)
+    assert doc["launched"] is False and doc["exit_code"] == 1
+    assert "RuntimeError: Detected that you are using FX" in doc["log_head"]  # the error lines, past the first ones
+    assert cli("runs", "--json").json()["runs"][0]["verdict"] == "crashed"
 
 
 def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(local_host, cli, tmp_path):
@@ -234,9 +239,11 @@ def test_stop_records_the_exit_code_itself_when_the_supervisor_is_gone(local_hos
 
 
 def test_a_crash_is_recorded_though_nobody_is_attached(local_host, cli, tmp_path):
-    cfg = write_config(tmp_path / "late.toml", mode="crash-threads", delay_s=2.5)
+    trigger = tmp_path / "crash-now"
+    cfg = write_config(tmp_path / "late.toml", mode="crash-threads", wait_file=str(trigger))
     launched = cli("launch", "--source", str(FAKE_TRAINER), "--config", str(cfg), "--json")
-    assert launched.code == 0  # alive at the confirm: launched
+    assert launched.code == 0  # alive at the confirm (it crashes only once told to): launched
+    trigger.touch()  # the CLI has returned: nobody is attached when the threads crash
     rd = Path(launched.json()["run_dir"])
     wait_until(lambda: (rd / "exit_code").exists(), what="exit_code written by the supervisor")
     assert (rd / "exit_code").read_text().strip() == "1"

@@ -59,7 +59,7 @@ def test_lifecycle_over_ssh_and_pct(pve, cli):
 
 def test_a_run_that_dies_at_once_in_the_container_is_a_failed_launch(pve, cli, tmp_path):
     cfg = write_config(tmp_path / "bad.toml", mode="exit-at-once")
-    res = cli("launch", "--source", str(FAKE_TRAINER), "--config", str(cfg))
+    res = cli("launch", "--source", str(FAKE_TRAINER), "--config", str(cfg), "--wait-for", "step")
     assert res.code == 100 and "exited with code 3" in res.err and "cannot open dataset" in res.err
 
 

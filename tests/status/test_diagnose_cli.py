@@ -24,8 +24,10 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]
 def test_seed_scenario_json_contract_and_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
     code, doc = run_json(capsys, str(SEED_LOG), "--gpus", str(SEED_GPUS))
     assert code == 105
-    assert set(doc) == {"schema", "verdict", "final_exception", "threads", "signatures", "gpus"}
+    assert set(doc) == {"schema", "verdict", "final_exception", "root_cause", "progress", "threads", "signatures",
+                        "gpus"}
     assert doc["schema"] == 1 and doc["verdict"] == "degraded"
+    assert doc["root_cause"] == "drafter-0"  # the first of the three to fail
     assert doc["final_exception"] == "RuntimeError"
     assert [(t["name"], t["state"], t["exception"]) for t in doc["threads"]] == [
         (f"drafter-{i}", "crashed", "RuntimeError") for i in range(3)]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import queue
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -24,14 +24,32 @@ RUN_ID = "20261129-101500-watch"
 class Cli:
     """The installed console script as a real process; stdout lines arrive on a queue as written."""
 
-    def __init__(self, *args: str):
-        self.proc = subprocess.Popen([str(DFLASHCTL), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env={**os.environ, "COLUMNS": "200"})
+    def __init__(self, *args: str, tty: bool = False):
+        """tty: stdout is a pseudo-terminal, as for a person watching: every redraw of the live view arrives (on a
+        pipe, rich prints only the final view)."""
+        master = None
+        if tty:
+            master, slave = pty.openpty()
+        self.proc = subprocess.Popen([str(DFLASHCTL), *args], stdout=slave if tty else subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200", "LINES": "60"})
+        if tty:
+            os.close(slave)
         self.lines: queue.Queue[str] = queue.Queue()
         self.out: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
+        threading.Thread(target=self._pump, args=(master,), daemon=True).start()
 
-    def _pump(self) -> None:
+    def _pump(self, master: int | None) -> None:
+        if master is not None:
+            while True:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the program closed the terminal
+                    break
+                if not chunk:
+                    break
+                self.out.append(chunk.decode("utf-8", "replace"))
+            os.close(master)
+            return
         assert self.proc.stdout is not None
         for raw in self.proc.stdout:
             line = raw.decode("utf-8", "replace")
@@ -105,12 +123,15 @@ def test_watch_survives_a_dropped_connection_then_exits_105_on_the_crash(run_dir
 
 @pytest.mark.slow
 def test_watch_table_exits_105_naming_thread_and_exception(run_dir: Path) -> None:
-    cli = Cli("status", "--watch", "-i", "0.5", "--exit-on-failure")
+    cli = Cli("status", "--watch", "-i", "0.5", "--exit-on-failure", tty=True)
     try:
-        time.sleep(1.0)
+        # the crash comes only once the watch has drawn the run as training: what follows is live detection
+        wait_until(lambda: "TRAINING" in "".join(cli.out), 60, what="a frame showing the run training")
+        drawn = len(cli.out)
         (run_dir / "crash").touch()
         code = cli.wait(timeout=60)
         out = "".join(cli.out)
+        assert "DEGRADED" in "".join(cli.out[drawn:]), "the crash must be seen by the running watch"
         assert code == 105, (out, cli.proc.stderr.read().decode() if cli.proc.stderr else "")
         for needle in ("DEGRADED", "drafter-0", "crashed", "RuntimeError", "Detected that you are using FX",
                        "compile-thread-race", 'compile_strategy = "warmup"'):

@@ -12,7 +12,7 @@ total_mib}, run.ended_at (mtime of exit_code), run.ending and run.supervisor_pid
 true after the trainer exits while its supervisor or a marked process of its group lives, until
 exit_code exists; ending says the trainer itself is gone), procs[].starttime (clock ticks, for pid reuse),
 run_ids (with --procs: this workspace's run directories), runs (with --runs: every run's state
-plus log_size and last_step), host_gpu_procs (with --host-gpu-procs, run on the Proxmox host:
+plus log_size and log_tail_b64, its last bytes), host_gpu_procs (with --host-gpu-procs, run on the Proxmox host:
 {csv, procs: [{pid, ns_pid, used_memory_mib, gpu_uuid, in_container}], error}).
 log.mtime is train.log's modification time (when it last grew).
 The log: with --log-offset the bytes from there (at most --log-max); without, the last --log-max

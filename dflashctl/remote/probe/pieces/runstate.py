@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import os
-import re
 
-from .util import group_alive, read_int, read_json, run_alive  # probe:strip
+from .util import group_alive, is_process, read_int, read_json, run_alive  # probe:strip
 
 
 def resolve_run(runs_dir: str, run: str) -> tuple[str, str] | None:
@@ -21,14 +21,30 @@ def resolve_run(runs_dir: str, run: str) -> tuple[str, str] | None:
     return (run, path) if os.path.isdir(path) else None
 
 
+def adopted_identity(meta: dict | None) -> dict | None:
+    """The process an adopted run (`dflashctl adopt`, meta.json kind "adopted") is: {pid, starttime,
+    boot_time, cmdline, ...}; None for runs we started (their identity is the DFLASH_RUN_ID marker)."""
+    if not isinstance(meta, dict) or meta.get("kind") != "adopted":
+        return None
+    ident = meta.get("adopted")
+    return ident if isinstance(ident, dict) else {}
+
+
 def liveness(run_id: str, run_dir: str, pid: int | None, exit_code: int | None,
-             cache: dict | None = None) -> tuple[bool, bool, int | None]:
-    """(alive, ending, supervisor pid). A run is alive while its trainer (the recorded pid) is, and,
-    until its exit code is recorded, while its supervisor or any marked process of the trainer's
-    group lives: between the trainer's exit and `exit_code` the supervisor is still reaping the
-    group, and that run is ending, not lost. `ending`: alive, but the trainer itself is gone.
-    Runs started by a launcher that wrote no supervisor.pid fall back to the group alone.
+             cache: dict | None = None, meta: dict | None = None) -> tuple[bool, bool, int | None]:
+    """(alive, ending, supervisor pid): THE rule, for the probe, the launcher and every reader.
+
+    A run we started is alive while its trainer (the recorded pid) is and carries the run's marker,
+    and, until its exit code is recorded, while its supervisor or any marked process of the trainer's
+    group lives: between the trainer's exit and `exit_code` the supervisor is still reaping, and that
+    run is ending, not lost. `ending`: alive, but the trainer itself is gone. Runs started by a
+    launcher that wrote no supervisor.pid fall back to the group alone.
+    An adopted run (meta kind "adopted") carries no marker and has no supervisor: it is alive while
+    its process is the one adopted (util.is_process: same pid, start time, boot and argv).
     cache: see util.group_alive."""
+    identity = adopted_identity(meta)
+    if identity is not None:
+        return is_process(identity), False, None
     sup = read_int(os.path.join(run_dir, "supervisor.pid"))
     if run_alive(pid, run_id):
         return True, False, sup
@@ -39,10 +55,33 @@ def liveness(run_id: str, run_dir: str, pid: int | None, exit_code: int | None,
     return False, False, sup
 
 
-def run_state(run_id: str, run_dir: str, cache: dict | None = None) -> dict:
+def live_latest(runs_dir: str) -> str | None:
+    """The latest run's id while it is alive (the rule above), else None: what a new launch or adopt
+    must not start beside."""
+    found = resolve_run(runs_dir, "latest")
+    if found is None:
+        return None
+    run_id, run_dir = found
+    meta = read_json(os.path.join(run_dir, "meta.json"))
     pid = read_int(os.path.join(run_dir, "pid"))
     exit_code = read_int(os.path.join(run_dir, "exit_code"))
-    alive, ending, sup = liveness(run_id, run_dir, pid, exit_code, cache)
+    return run_id if liveness(run_id, run_dir, pid, exit_code, meta=meta)[0] else None
+
+
+def adopted_by(runs_dir: str, identity: dict) -> str | None:
+    """The run that has already adopted this very process (same pid and start time), if any."""
+    for run_id in run_ids(runs_dir):
+        ident = adopted_identity(read_json(os.path.join(runs_dir, run_id, "meta.json")))
+        if ident and ident.get("pid") == identity.get("pid") and ident.get("starttime") == identity.get("starttime"):
+            return run_id
+    return None
+
+
+def run_state(run_id: str, run_dir: str, cache: dict | None = None) -> dict:
+    meta = read_json(os.path.join(run_dir, "meta.json"))
+    pid = read_int(os.path.join(run_dir, "pid"))
+    exit_code = read_int(os.path.join(run_dir, "exit_code"))
+    alive, ending, sup = liveness(run_id, run_dir, pid, exit_code, cache, meta)
     if not alive and exit_code is None:  # the supervisor writes it before it exits: one that just did is seen
         exit_code = read_int(os.path.join(run_dir, "exit_code"))
     errors = {}
@@ -57,7 +96,7 @@ def run_state(run_id: str, run_dir: str, cache: dict | None = None) -> dict:
     return {
         "id": run_id,
         "dir": run_dir,
-        "meta": read_json(os.path.join(run_dir, "meta.json")),
+        "meta": meta,
         "pid": pid,
         "alive": alive,
         "ending": ending,
@@ -94,7 +133,7 @@ def list_runs(runs_dir: str) -> list[dict]:
         state = run_state(name, path, cache)
         log = os.path.join(path, "train.log")
         state["log_size"] = _size(log)
-        state["last_step"] = last_step(log)
+        state["log_tail_b64"] = log_tail(log)
         out.append(state)
     return out
 
@@ -106,18 +145,17 @@ def _size(path: str) -> int | None:
         return None
 
 
-_STEP = re.compile(rb"\bstep[=:]\s*(\d+)")
+TAIL_BYTES = 8192  # of each run's log, for its last step: the laptop reads it with the one log engine
 
 
-def last_step(path: str, window: int = 65536) -> int | None:
-    """The last `step=N` in the log's final window (cheap on multi-GB logs)."""
+def log_tail(path: str, size: int = TAIL_BYTES) -> str:
+    """The log's last bytes, base64 (cheap on multi-GB logs; which line is a step is judged on the laptop)."""
     try:
         with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - window))
-            steps = _STEP.findall(f.read())
+            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+            return base64.b64encode(f.read()).decode()
     except OSError:
-        return None
-    return int(steps[-1]) if steps else None
+        return ""
 
 
 def _mtime(path: str) -> float | None:

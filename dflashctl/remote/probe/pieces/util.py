@@ -57,18 +57,63 @@ def proc_stat(pid: int) -> dict | None:
 
 def proc_marker(pid: int) -> str | None:
     """DFLASH_RUN_ID from the process's environment (set at exec time, so it cannot drift)."""
+    return proc_env_var(pid, MARKER)
+
+
+def proc_env_var(pid: int, name: str) -> str | None:
+    """One variable of the process's environment as it was exec'd (/proc/PID/environ)."""
     data = read_bytes(f"/proc/{pid}/environ", 1 << 18)
     if not data:
         return None
     for item in data.split(b"\0"):
-        if item.startswith(MARKER.encode() + b"="):
-            return item[len(MARKER) + 1:].decode("utf-8", "replace")
+        if item.startswith(name.encode() + b"="):
+            return item[len(name) + 1:].decode("utf-8", "replace")
     return None
 
 
 def proc_cmdline(pid: int, limit: int = 400) -> str:
     data = read_bytes(f"/proc/{pid}/cmdline", 8192) or b""
     return data.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")[:limit]
+
+
+def proc_argv(pid: int) -> list | None:
+    """The process's argv, byte-exact (undecodable bytes kept as surrogates); None when it is gone."""
+    data = read_bytes(f"/proc/{pid}/cmdline", 1 << 20)
+    if data is None:
+        return None
+    parts = data.split(b"\0")
+    if parts and parts[-1] == b"":
+        parts.pop()
+    return [a.decode("utf-8", "surrogateescape") for a in parts]
+
+
+def process_identity(pid: int) -> dict | None:
+    """What names one process across pid reuse: pid, start time (clock ticks since boot, /proc/PID/stat
+    field 22), the boot time and the argv. None when the pid is gone or defunct."""
+    st = proc_stat(pid)
+    if st is None or st["state"] in ("Z", "X"):
+        return None
+    btime = boot_time()
+    return {"pid": pid, "starttime": st["starttime"], "boot_time": btime, "clk_tck": _CLK_TCK,
+            "start_epoch": btime + st["starttime"] / float(_CLK_TCK), "cmdline": proc_argv(pid) or [],
+            "pgid": st["pgid"]}
+
+
+def is_process(identity: dict | None) -> bool:
+    """identity (process_identity's record, e.g. an adopted run's) still names a live process: the same
+    start time (a reused pid has another), boot and argv. The check made before every signal to it."""
+    try:
+        pid, start = int(identity["pid"]), int(identity["starttime"])  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        return False
+    st = proc_stat(pid)
+    if st is None or st["state"] in ("Z", "X") or st["starttime"] != start:
+        return False
+    recorded, now = identity.get("boot_time"), boot_time()  # type: ignore[union-attr]
+    if recorded and now and abs(float(recorded) - now) > 1.0:
+        return False
+    argv = identity.get("cmdline")  # type: ignore[union-attr]
+    return argv is None or proc_argv(pid) == list(argv)
 
 
 def boot_time() -> float:

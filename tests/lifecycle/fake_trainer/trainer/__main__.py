@@ -2,8 +2,8 @@
 
 Modes: train (steps until `steps`, SIGTERM -> exit 143), ignore-term (trains, ignores SIGTERM: only
 SIGKILL ends it; so do its `children`, which therefore outlive it), exit-at-once (prints an error,
-exit 3), crash-threads (after `delay_s`, three drafter threads raise; their tracebacks go to the log
-and errors/<thread>.json; exit 1).
+exit 3; with `wait_file`, only once that file exists), crash-threads (after `delay_s` and once `wait_file`
+exists, three drafter threads raise; their tracebacks go to the log and errors/<thread>.json; exit 1).
 `stop_file`: train / ignore-term end (exit 0) once that file exists.
 """
 
@@ -52,10 +52,12 @@ def main():
     mode = cfg.get("mode", "train")
     print(f"trainer: mode={mode} run={os.environ.get('DFLASH_RUN_ID')}", flush=True)
     if mode == "exit-at-once":
+        wait_for_file(cfg.get("wait_file"))
         print("fatal: cannot open dataset /data/missing.jsonl", flush=True)
         return 3
     if mode == "crash-threads":
         time.sleep(float(cfg.get("delay_s", 0)))
+        wait_for_file(cfg.get("wait_file"))
         return crash_threads(args.run_dir)
     stop = threading.Event()
     if mode == "ignore-term":
@@ -76,6 +78,12 @@ def main():
     for c in children:
         c.terminate()
     return 0
+
+
+def wait_for_file(path):
+    """Block until `path` exists (a test's trigger: the moment of death made explicit, never a sleep)."""
+    while path and not os.path.exists(path):
+        time.sleep(0.02)
 
 
 def crash_threads(run_dir):
