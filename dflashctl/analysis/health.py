@@ -302,7 +302,7 @@ def judge(ev: Evidence, thresholds: Thresholds = Thresholds()) -> Health:
             reasons.append("exited 0")
         elif proc.exit_code is not None:
             verdict = Verdict.CRASHED
-            reasons.append(f"exited with code {proc.exit_code}" + (f"; crashed threads: {crashed_names}"
+            reasons.append(f"exited with code {proc.exit_code}" + (f"; crashed workers: {crashed_names}"
                                                                     if crashed else ""))
         elif final_tb is not None:
             verdict = Verdict.CRASHED
@@ -320,7 +320,7 @@ def judge(ev: Evidence, thresholds: Thresholds = Thresholds()) -> Health:
         how, line = ev.log.end
         verdict = {"finished": Verdict.FINISHED, "aborted": Verdict.CRASHED, "stopped": Verdict.STOPPED}[how]
         reasons.append(f"the trainer reported `training {how}` (line {line})"
-                       + (f"; crashed threads: {crashed_names}" if crashed else ""))
+                       + (f"; crashed workers: {crashed_names}" if crashed else ""))
     elif crashed:
         verdict = Verdict.DEGRADED
         reasons.append(f"worker(s) crashed: {crashed_names}; "

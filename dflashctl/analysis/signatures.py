@@ -80,6 +80,7 @@ RULES: tuple[Rule, ...] = (
             "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` helps with fragmentation.",
         ),
         lines=(r"CUDA out of memory", r"CUDA error: out of memory", r"HIP out of memory", r"CUBLAS_STATUS_ALLOC_FAILED",
+               r"THCudaCheck FAIL .{0,200}out of memory",
                r"cudaErrorMemoryAllocation"),
         exc_types=("OutOfMemoryError",),
         examples=("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 5 has a total "
@@ -95,7 +96,8 @@ RULES: tuple[Rule, ...] = (
         lines=(r"DefaultCPUAllocator: can't allocate memory", r"(?i:out of memory): Killed process",
                r"Out of memory: Kill process",
                r"Cannot allocate memory \(errno 12\)", r"\boom-kill:", r"\boom_reaper: reaped process",
-               r"^Killed\s*$", r"(?:^|\s)\d+\s+Killed\s+\S", r"Signal 9 \(SIGKILL\) received by PID"),
+               r"^[*_]{0,2}Killed[*_]{0,2}\s*$", r"(?:^|\s)\d+\s+Killed\s+\S",
+               r"(?i:signal) 9 \(SIGKILL\) received by PID"),
         exc_types=("MemoryError",),
         death="kill",
         examples=("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
@@ -134,7 +136,7 @@ RULES: tuple[Rule, ...] = (
         ),
         lines=(r"CUDA error: an illegal memory access was encountered", r"CUDA error: device-side assert triggered",
                r"CUDA error: misaligned address", r"CUDA error: an illegal instruction was encountered",
-               r"cudaErrorIllegalAddress", r"\.cuh?:\d+: .*Assertion .+ failed\.",
+               r"cudaErrorIllegalAddress", r"\.cuh?:\d+: .{0,300}Assertion `",
                r"CUDA error: an illegal memory access|device-side assert(?:ion)? triggered"),
         examples=("RuntimeError: CUDA error: an illegal memory access was encountered",),
     ),
@@ -279,7 +281,7 @@ ANCHORS: tuple[str, ...] = (
     "Out of memory", "Cannot allocate", "OutOfResources", "DataLoader worker", "The server socket",
     "Timed out initializing", "Segmentation fault", "SIGSEGV", "Fatal Python", "Killed", "oom-kill", "oom_reaper",
     "SIGKILL", "Assertion", "device-side assert", "illegal memory", "during capture", "Rendezvous", "EADDRINUSE",
-    "The client socket", "Segfault", "HIP out of memory", "Address already in use", "Unable to determine the device",
+    "The client socket", "Segfault", "HIP out of memory", "THCudaCheck", "Address already in use", "Unable to determine the device",
 )
 
 BY_ID: dict[str, Rule] = {r.signature.id: r for r in RULES}

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from dflashctl.analysis.lineprefix import rank_tag
 
 _AGENT_FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
-_SUMMARY_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
-_SUMMARY_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
-_SUMMARY_SIGNAL_RE = re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID")
+# tolerant of a summary whose layout was lost in a paste: `rank2 (local rank: 2)exitcode: -9 (pid: 36071)`
+_SUMMARY_RANK_RE = re.compile(r"^\s*rank\s*:?\s*(\d+)\s*\(local[_ ]rank:\s*(\d+)\)")
+_SUMMARY_EXIT_RE = re.compile(r"(?:^|(?<=\)))\s*exitcode\s*:\s*(-?\d+)")
+_SUMMARY_SIGNAL_RE = re.compile(r"(?i:signal) (\d+) \((SIG\w+)\) received by PID")
 _ROOT_CAUSE = "Root Cause (first observed failure)"
 _DS_EXIT_RE = re.compile(r"(?:exits with return code = |returned non-zero exit status )(-?\d+)")
 _LOCAL_RANK_RE = re.compile(r"--local[_-]rank[= ](\d+)")
@@ -114,8 +115,9 @@ class WorkerTracker:
         if m:
             self._summary_rank = int(m.group(1))
             self._summary_root, self._pending_root = self._pending_root, False
-            return
-        m = _SUMMARY_EXIT_RE.match(text)
+            if not _SUMMARY_EXIT_RE.search(text, m.end()):
+                return
+        m = _SUMMARY_EXIT_RE.search(text)
         if m and self._summary_rank is not None:
             code = int(m.group(1))
             self._fail(f"rank{self._summary_rank}", n, code, None, text, root=self._summary_root)

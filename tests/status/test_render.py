@@ -60,7 +60,7 @@ def test_an_ended_run_shows_how_its_process_exited() -> None:
     assert got.splitlines()[0] == (
         "local · run 20261129-102659-demo  CRASHED (exited 1)  pid 2911 · last log 3s ago · step 70 · "
         "19410.5 tok/s · loss 4.766 · τ 1.21")
-    assert got.splitlines()[1:3] == ["  why: exited with code 1; crashed threads: drafter-0",
+    assert got.splitlines()[1:3] == ["  why: exited with code 1; crashed workers: drafter-0",
                                      "       GPU(s) 0 hold memory that belongs to no live run"]
     assert "GPUs:" not in got  # readings came: the table, no note
 
