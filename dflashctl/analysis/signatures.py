@@ -281,7 +281,8 @@ ANCHORS: tuple[str, ...] = (
     "Out of memory", "Cannot allocate", "OutOfResources", "DataLoader worker", "The server socket",
     "Timed out initializing", "Segmentation fault", "SIGSEGV", "Fatal Python", "Killed", "oom-kill", "oom_reaper",
     "SIGKILL", "Assertion", "device-side assert", "illegal memory", "during capture", "Rendezvous", "EADDRINUSE",
-    "The client socket", "Segfault", "HIP out of memory", "THCudaCheck", "Address already in use", "Unable to determine the device",
+    "The client socket", "Segfault", "HIP out of memory", "THCudaCheck", "Address already in use",
+    "Unable to determine the device",
 )
 
 BY_ID: dict[str, Rule] = {r.signature.id: r for r in RULES}
