@@ -76,11 +76,29 @@ _LOGREC_RE = re.compile(
 
 # A "special" line can start or hold a traceback or a signature; every other line can at most be progress.
 # Literal anchors only (see signatures.ANCHORS): the regex engine then skips ordinary text at C speed.
-_SPECIAL_RE = re.compile(
-    "|".join(re.escape(a) for a in ("Traceback (most recent call last)", "Exception", "Failed", "Interrupt",
-                                    "terminate called",
-                                    "OutOfResources", "Unsupported", *signatures.ANCHORS, *WORKER_ANCHORS)).encode()
-)
+_ALL_ANCHORS = ("Traceback (most recent call last)", "Exception", "Failed", "Interrupt", "terminate called",
+                "OutOfResources", "Unsupported", *signatures.ANCHORS, *WORKER_ANCHORS)
+# Python's regex engine skips text quickly only while the next character cannot start an alternative: anchors that
+# start with a lower-case letter would make nearly every position a candidate. Those are found with bytes.find
+# (C speed, one pass each); the regex keeps the rest.
+_LOWER_ANCHORS = tuple(sorted({a.encode() for a in _ALL_ANCHORS if a[:1].islower()}))
+
+
+def _trie(words: list[str]) -> str:
+    """A regex for literal words, factored by common prefixes: at each candidate position the engine follows one
+    branch per first character instead of trying every word in turn (a third faster on trainer logs)."""
+    groups: dict[str, list[str]] = {}
+    for w in words:
+        groups.setdefault(w[:1], []).append(w[1:])
+    ends = "" in groups
+    alts = [re.escape(c) + _trie(rest) for c, rest in sorted(groups.items()) if c]
+    if not alts:
+        return ""
+    body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+    return f"(?:{body})?" if ends else body
+
+
+_SPECIAL_RE = re.compile(_trie(sorted({a for a in _ALL_ANCHORS if not a[:1].islower()})).encode())
 _PROGRESS_TOKENS = tuple(t.encode() for t in PROGRESS_TOKENS)
 
 
@@ -207,6 +225,29 @@ def _clean(raw: bytes) -> str:
     return text
 
 
+class _NextSpecial:
+    """Where the next special line of buf[:end] starts (an anchor's position), each source searched once per pass:
+    the regex of upper-case anchors and one bytes.find per lower-case anchor, their last answers kept."""
+
+    def __init__(self, buf: bytes, end: int, regex: re.Pattern[bytes]) -> None:
+        self.buf, self.end, self.regex = buf, end, regex
+        self.found = {a: -2 for a in _LOWER_ANCHORS}  # -2: not searched yet, -1: none left
+        self.match = -2
+
+    def at(self, pos: int) -> int:
+        buf, end = self.buf, self.end
+        if self.match == -2 or 0 <= self.match < pos:
+            m = self.regex.search(buf, pos, end)
+            self.match = m.start() if m else -1
+        best = self.match
+        for a, at in self.found.items():
+            if at == -2 or 0 <= at < pos:
+                at = self.found[a] = buf.find(a, pos, end)
+            if at >= 0 and (best < 0 or at < best):
+                best = at
+        return best
+
+
 class LogScanner:
     """Feed it log bytes in order; it keeps every bit of state needed to continue."""
 
@@ -215,7 +256,7 @@ class LogScanner:
         lines it matches are read like the known progress forms, at the same speed."""
         self.progress_regex = progress_regex
         self._special = _SPECIAL_RE if progress_regex is None else re.compile(
-            _SPECIAL_RE.pattern + b"|" + progress_regex.pattern.encode())
+            _SPECIAL_RE.pattern + b"|" + progress_regex.pattern.encode())  # a user's regex: slower, but theirs
         self.reset()
 
     def reset(self) -> None:
@@ -305,18 +346,19 @@ class LogScanner:
 
     def _scan(self, buf: bytes, end: int) -> None:
         pos = 0
-        find, count, search = buf.find, buf.count, self._special.search
+        find, count = buf.find, buf.count
         ordinary: list[tuple[int, int, int]] = []  # stretches of ordinary lines: (start, stop, last line no)
+        special = _NextSpecial(buf, end, self._special)
         while pos < end:
             if self.fast and self._idle():
-                m = search(buf, pos, end)
-                stop = end if m is None else buf.rfind(b"\n", pos, m.start()) + 1  # start of the special line
+                at = special.at(pos)
+                stop = end if at < 0 else buf.rfind(b"\n", pos, at) + 1  # start of the special line
                 if stop > pos:  # ordinary lines: only progress can be there
                     lines = count(b"\n", pos, stop)
                     self.line_no += lines
                     ordinary.append((pos, stop, self.line_no))
                     pos = stop
-                if m is None:
+                if at < 0:
                     break
             nl = find(b"\n", pos, end)
             self.line_no += 1

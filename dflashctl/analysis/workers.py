@@ -46,8 +46,11 @@ SIGSEGV_CODES = (-11, 139)
 SIGTERM_CODES = (-15, 143)
 
 # literal pieces of every line this module reads (the scanner's fast path must stop at them)
-ANCHORS = ("exitcode", "local_rank", "Root Cause", "exit status", "return code", "Watchdog", "watchdog", "Signal ",
-           "terminated with", "srun: error", "Process name", "first process")
+# (few start lower-case: the scanner finds those with bytes.find, one pass each; the others come with a
+# companion anchor — ProcessExitedException's "Exception", CalledProcessError's "Error", "detected by watchdog"
+# lines' "Exception")
+ANCHORS = ("exitcode", "local_rank", "Root Cause", "return code", "Watchdog", "(SIG", "-- Process ", "Exited",
+           "Killed", "Process name", "The first process", "Exception", "Error")
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,8 @@ class WorkerTracker:
         self._mpi_first = False
 
     def feed(self, n: int, text: str, rank: int | None) -> None:
+        if not any(a in text for a in ANCHORS):  # most lines: none of the patterns below can match
+            return
         if _ROOT_CAUSE in text:
             self._pending_root = True
             return

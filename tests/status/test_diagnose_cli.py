@@ -128,3 +128,19 @@ def test_real_trainer_naive_compile_race_log(capsys: pytest.CaptureFixture[str])
     assert [(t["name"], t["state"]) for t in doc["threads"]] == [(f"drafter-{i}", "crashed") for i in range(3)]
     assert all(t["message"].startswith("Detected that you are using FX") for t in doc["threads"])
     assert [(s["id"], s["evidence"]["line"]) for s in doc["signatures"]] == [("compile-thread-race", 28)]
+
+
+def test_diagnose_json_carries_the_progress_record_and_root_cause_of_another_trainers_log(
+        capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    """The same `progress` record as `status --json` (health.to_record builds both): step, total, loss, rate, ETA."""
+    log = tmp_path / "hf.log"
+    log.write_text("  5%|\u258c         | 100/2000 [01:23<26:18,  1.20it/s]\n"
+                   "{'loss': 1.234, 'grad_norm': 0.8, 'learning_rate': 4.9e-05, 'epoch': 0.05}\n"
+                   "[rank1]: Traceback (most recent call last):\n"
+                   "[rank1]:   File \"train.py\", line 9, in <module>\n"
+                   "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
+    code, doc = run_json(capsys, str(log))
+    assert code == 105 and doc["root_cause"] == "rank1" and doc["final_exception"] == "torch.OutOfMemoryError"
+    p = doc["progress"]
+    assert (p["step"], p["total"], p["loss"], p["it/s"], p["eta_s"]) == (100, 2000, 1.234, 1.2, 26 * 60 + 18)
+    assert [s["id"] for s in doc["signatures"]] == ["cuda-oom"]
