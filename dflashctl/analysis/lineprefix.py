@@ -21,7 +21,7 @@ _STREAM_RE = re.compile(
     r"|\[1,(?P<d>\d+)\]<std(?:out|err)>:"  # mpirun --tag-output
     r"|std(?:out|err): "  # accelerate / subprocess echo
     r"|(?P<e>\d{1,4}): (?=\S|\s+File )"  # srun --label: the task id (the global rank)
-    r"|\(\w+ pid=\d+(?:, ip=[\d.]+)?\) "  # Ray: (RayTrainWorker pid=1234, ip=10.0.0.1)
+    r"|\(\w+ pid=\d+(?:, ip=[\d.]+)?\) "  # Ray: (RayTrainWorker pid=1234, ip=…)
 )
 # record prefixes: a time, a level, a logger or task tag in brackets — not a stream, but hides the body's shape
 _TS = r"\[?\d{4}[-/]\d\d[-/]\d\d[ T_]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
