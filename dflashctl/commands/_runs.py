@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflashctl.model import Verdict
+from dflashctl.analysis.progress import custom
+from dflashctl.model import Host, Verdict
 
 RUN_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
 STARTING_GRACE_S = 15.0  # a run with no pid yet is "starting", not "lost", for this long
@@ -85,9 +86,15 @@ class RunInfo:
         }
 
 
-def run_from_probe(doc: dict[str, Any]) -> RunInfo:
+def host_progress(host: Host) -> re.Pattern[str] | None:
+    """The host's trainer's own progress format (hosts.toml `progress_regex`, checked when it was read), so that
+    `status`, `logs --errors` and `runs` read that host's logs alike."""
+    return custom(host.progress_regex) if host.progress_regex else None
+
+
+def run_from_probe(doc: dict[str, Any], progress_regex: re.Pattern[str] | None = None) -> RunInfo:
     hb = doc.get("heartbeat") if isinstance(doc.get("heartbeat"), dict) else None
-    step = _last_step(doc.get("log_tail_b64"))
+    step = _last_step(doc.get("log_tail_b64"), progress_regex)
     if step is None and hb is not None and isinstance(hb.get("step"), int):
         step = hb["step"]
     return RunInfo(
@@ -98,13 +105,13 @@ def run_from_probe(doc: dict[str, Any]) -> RunInfo:
     )
 
 
-def _last_step(tail_b64: str | None) -> int | None:
+def _last_step(tail_b64: str | None, progress_regex: re.Pattern[str] | None) -> int | None:
     """The last training step in a log's tail, by the engine status and diagnose use (any trainer's format)."""
     if not tail_b64:
         return None
     from dflashctl.analysis.logscan import scan
 
-    point = scan(base64.b64decode(tail_b64)).last_step_point
+    point = scan(base64.b64decode(tail_b64), progress_regex).last_step_point
     return int(point.values["step"]) if point is not None else None
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from dflashctl.analysis import logscan
 from dflashctl.analysis.workers import WorkerFailure
-from dflashctl.commands._runs import RunInfo, run_from_probe
+from dflashctl.commands._runs import RunInfo, host_progress, run_from_probe
 from dflashctl.commands.runs import get_run
 from dflashctl.remote import probe
 from dflashctl.remote.target import Target
@@ -95,7 +95,7 @@ def errors(target: Target, run: str | None) -> ErrorsView:
     """Whole tracebacks of crashed threads and ranks, launcher-reported rank failures and the final exception,
     never just the header line."""
     info, doc = get_run(target, run, log_max=ERRORS_MAX_BYTES)
-    report = logscan.scan(probe.decode_log(doc))
+    report = logscan.scan(probe.decode_log(doc), host_progress(target.host))
     tbs = [tb for tb in report.tracebacks if not tb.ignored]
     order = report.crashed_workers()
     return ErrorsView(info, tbs, info.errors, report.final_exception, (doc.get("log") or {}).get("offset") or 0,

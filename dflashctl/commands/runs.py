@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from dflashctl.commands._runs import RunInfo, run_from_probe
+from dflashctl.commands._runs import RunInfo, host_progress, run_from_probe
 from dflashctl.remote import probe
 from dflashctl.remote.target import Target
 
@@ -22,7 +22,8 @@ class RunList:
 def list_runs(target: Target) -> RunList:
     doc = probe.probe_once(target, target.host.workspace, "latest", runs=True, gpus=False, log_max=0,
                            require_run=False)
-    runs = [run_from_probe(r) for r in doc.get("runs") or []]
+    regex = host_progress(target.host)
+    runs = [run_from_probe(r, regex) for r in doc.get("runs") or []]
     latest = (doc.get("run") or {}).get("id")
     return RunList(target.host.name, target.host.workspace, runs, latest, float(doc.get("time") or time.time()))
 

@@ -20,8 +20,7 @@ from typing import Any
 from dflashctl.analysis.gpus import PROBE_FIELDS, GpuParseError, from_nvml, parse_query_csv
 from dflashctl.analysis.health import Evidence, GpuSweep, Health, ProcessState, Thresholds, judge, to_record
 from dflashctl.analysis.logscan import LogScanner
-from dflashctl.analysis.progress import custom
-from dflashctl.commands._runs import JOB_KINDS
+from dflashctl.commands._runs import JOB_KINDS, host_progress
 from dflashctl.errors import ConnectFailed, DflashError, NotFound, RemoteTimeout
 from dflashctl.model import Host, Verdict
 from dflashctl.remote import probe
@@ -83,11 +82,6 @@ class StatusView:
         rec.update(to_record(self.health))
         rec["gpus"] = [dict(g, history=h.history) for g, h in zip(rec["gpus"], self.health.gpus, strict=True)]
         return rec
-
-
-def host_scanner(host: Host) -> LogScanner:
-    """The log scanner for a host's runs: with its trainer's own progress format when hosts.toml gives one."""
-    return LogScanner(custom(host.progress_regex) if host.progress_regex else None)
 
 
 def _job(run: dict) -> str | None:
@@ -228,7 +222,7 @@ def status_once(target: Target, run: str | None = None, *, thresholds: Threshold
     doc = probe.probe_once(target, target.host.workspace, run or "latest", log_max=log_max, require_run=False)
     if doc.get("run") is None:
         raise _no_run(target.host, run)
-    return Watcher(target.host.name, thresholds, scanner=host_scanner(target.host)).update(doc)
+    return Watcher(target.host.name, thresholds, scanner=LogScanner(host_progress(target.host))).update(doc)
 
 
 def watch(connect: Callable[[], Target], run: str | None = None, *, interval: float = 1.0,
@@ -247,7 +241,7 @@ def watch(connect: Callable[[], Target], run: str | None = None, *, interval: fl
                                            require_run=False)
                     if doc.get("run") is None:
                         raise _no_run(target.host, run)
-                    w = Watcher(target.host.name, thresholds, live=True, scanner=host_scanner(target.host))
+                    w = Watcher(target.host.name, thresholds, live=True, scanner=LogScanner(host_progress(target.host)))
                     yield w.update(doc)
                 for doc in probe.probe_stream(target, target.host.workspace, w.run_id, w.next_offset, interval,
                                               log_max=log_max, log_inode=w.inode):
