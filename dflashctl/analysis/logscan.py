@@ -418,8 +418,11 @@ class LogScanner:
             m = _RANK_BEFORE_RE.search(t, 0, i)
             j = m.start() if m else i
             if t[:j].strip():
-                self._segment(n, t[:j])
+                self._segment_or_name(n, t[:j])
                 t = t[j:]
+        elif self._frag_line is not None and (fm := _NAME_BEFORE_FRAME_RE.match(t)):
+            self._names(n, fm.group(1) + ":")  # `drafter-1  File "…"`: a cut header's name, then a frame
+            t = t[fm.end(1):]
         sp = lineprefix.split(t)
         t, self._rank, self._record = sp.body, sp.rank, sp.record
         self._switch(sp.rank)
@@ -441,6 +444,9 @@ class LogScanner:
             return
         if _FRAG in t:
             self._cut_headers(n, t.count(_FRAG))
+            for piece in t.split(_FRAG)[1:-1]:  # `Exception in thread A` + `Exception in thread ` (A's `:` later)
+                if _NAME_RE.match(piece.strip()):
+                    self._names(n, piece.strip() + ":")
             return
         if self._frag_line is not None:
             if self._names(n, t):
@@ -455,6 +461,14 @@ class LogScanner:
             self._open(n, t, ignored=True)
             return
         self._plain(n, t)
+
+    def _segment_or_name(self, n: int, t: str) -> None:
+        """What came before a glued `Traceback (most recent …`: the bare name of a cut header (its `:` comes
+        on a later line) or a line of its own."""
+        if self._frag_line is not None and _NAME_RE.match(t.strip()):
+            self._names(n, t.strip() + ":")
+        else:
+            self._segment(n, t)
 
     def _unglue(self, n: int, t: str) -> str:
         """`Exception in thread ` + another thread's line (`Traceback (most recent call last):`): count the
@@ -472,7 +486,7 @@ class LogScanner:
         if self._frags and head.strip() and _FRAG not in head and " " not in head.strip():
             self._names(n, head.strip() + ":")  # `drafter-2` (an earlier cut header's name) + a new header
         cut = head.count(_FRAG)  # other headers cut short on this line (their names may be glued here)
-        name = m.group(1).strip()
+        name = _without_glued_type(m.group(1).strip())
         names: list[str] = []
         for c in range(max(cut + 1, 4), 1, -1):  # glued names split on their common prefix
             names = _split_names(name, c)
@@ -501,7 +515,7 @@ class LogScanner:
             return False
         names: list[str] = []
         for c in range(max(self._frags, 4), 0, -1):
-            names = _split_names(fm.group(1).strip(), c)
+            names = _split_names(_without_glued_type(fm.group(1).strip()), c)
             if names:
                 break
         names = [x for x in names if _NAME_RE.match(x)]  # a name pieced together must look like one
@@ -787,6 +801,21 @@ _NAME_RE = re.compile(r"^[\w.\-]{1,80}(?: \([\w.<>\-]{1,80}\))?$")  # drafter-1,
 def _plausible_name(name: str) -> bool:
     """A thread name, not a piece of some other line that an interleaved write glued on."""
     return 0 < len(name) <= 120 and not any(x in name for x in ("Traceback (", 'File "', "Exception in thread"))
+
+
+_NAME_BEFORE_FRAME_RE = re.compile(r'^([\w.\-]{1,80}?)\s+File "')  # `drafter-1  File "…/threading.py", …`
+# Another thread's exception type, written between a cut header's `Exception in thread ` and its name:
+# `ValueErrordrafter-1:` (the type's `: message` follows on a later line).
+_GLUED_TYPE_RE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*?(?:Error|Exception|Interrupt|Exit|Warning|Failed|Fault)(?=\S)"
+)
+
+
+def _without_glued_type(name: str) -> str:
+    """`ValueErrordrafter-1` → `drafter-1`; a name with nothing glued on comes back as it is."""
+    m = _GLUED_TYPE_RE.match(name)
+    rest = name[m.end():] if m else ""
+    return rest if rest and _NAME_RE.match(rest) else name
 
 
 def _split_names(glued: str, count: int) -> list[str]:

@@ -120,14 +120,17 @@ CONCURRENT = """
 
 def test_concurrent_thread_crashes_never_invent_threads_or_exceptions() -> None:
     """Threads that die together write half-lines into each other's tracebacks (live, so the interleaving
-    differs every run: only what always holds is asserted; the recorded cases below are exact)."""
+    differs every run: only what holds for every interleaving is asserted — a name or exception line may be cut
+    past rebuilding, so how much is recovered is asserted on the recorded cases below, never here)."""
     out = run_program(CONCURRENT)
     r = scan(out)
     names = {f"drafter-{i}" for i in range(3)}
-    assert set(r.threads) <= names and r.threads, out.decode()
+    assert set(r.threads) <= names, out.decode()
+    # `Traceback (most recent call last):` is one write: at least one traceback is always found
+    assert r.tracebacks, out.decode()
     # an exception line itself can be cut and glued (`ValueErrorValueError: : worker 0 failedworker 2 …`)
     assert all(t.exc_type is None or "ValueError" in t.exc_type for t in r.tracebacks), out.decode()
-    assert 1 <= sum(1 for t in r.tracebacks if t.exc_type is not None) <= 3, out.decode()
+    assert sum(1 for t in r.tracebacks if t.exc_type is not None) <= 3, out.decode()
     assert r.progress and r.progress[-1].values["step"] == 1
 
 
@@ -138,6 +141,17 @@ def test_recorded_garbled_interleavings_lose_at_most_never_invent(name: str) -> 
     assert r.threads and set(r.threads) <= {"drafter-0", "drafter-1", "drafter-2"}
     assert r.tracebacks and all(t.exc_type in (None, "ValueError") for t in r.tracebacks)
     assert all(t.message in (None, "worker 0 failed", "worker 1 failed", "worker 2 failed") for t in r.tracebacks)
+
+
+@pytest.mark.parametrize(
+    "name", ["exception-type-glued-to-name.log", "names-glued-to-headers-and-frames.log"]
+)
+def test_a_cut_headers_name_is_found_under_what_another_thread_glued_to_it(name: str) -> None:
+    """Seen in CI and in a stress run: `ValueErrordrafter-1:` (another thread's type before the name),
+    `drafter-2Exception in thread :`, `drafter-0Traceback (most …`, `drafter-1  File "…"` (the name's `:`
+    lines later). All three names come back, none with a type glued to it."""
+    r = scan((DATA / "interleaved-hard" / name).read_bytes())
+    assert set(r.threads) == {"drafter-0", "drafter-1", "drafter-2"}
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (DATA / "interleaved").glob("*.log")))
