@@ -2,13 +2,12 @@
 
 A check is: connect, the container is running, python is new enough, nvidia-smi is present and how
 many GPUs it lists, the workspace is writable, free disk. Everything after "connect" and
-"container" is gathered by one stdlib script sent on stdin (one round trip per host). Hosts are
-checked concurrently: a dead host costs its connect timeout once, not once per host.
+"container" is gathered by one stdlib program sent on stdin (dflashctl/agent/check.py: one round trip
+per host). Hosts are checked concurrently: a dead host costs its connect timeout once, not once per host.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any, Literal
 from dflashctl.errors import DflashError, ExitCode
 from dflashctl.model import Host
 from dflashctl.remote import connect
+from dflashctl.remote.scripts import module_source, parse_replies
 
 Status = Literal["ok", "warn", "fail", "skip"]
 CHECKS = ("connect", "container", "python", "gpus", "workspace", "disk")
@@ -24,42 +24,6 @@ MIN_PYTHON = (3, 10)  # torch 2.13 and the trainer need it
 GiB = 1024**3
 DISK_FAIL_BYTES = 1 * GiB
 DISK_WARN_BYTES = 10 * GiB
-_MARK = "DFLASHCTL-CHECK "
-
-CHECK_SCRIPT = r'''
-import json, os, shutil, subprocess, sys, tempfile
-ws = sys.argv[1]
-r = {"python": ".".join(map(str, sys.version_info[:3])), "executable": sys.executable}
-smi = shutil.which("nvidia-smi")
-if smi is None:
-    r["nvidia_smi"] = None
-else:
-    try:
-        p = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60)
-        lines = (p.stdout + p.stderr).strip().splitlines()
-        r["nvidia_smi"] = {"path": smi, "code": p.returncode, "message": lines[-1] if lines else "",
-                           "gpus": [ln for ln in p.stdout.splitlines() if ln.startswith("GPU ")]}
-    except (OSError, subprocess.SubprocessError) as e:
-        r["nvidia_smi"] = {"path": smi, "code": -1, "message": str(e), "gpus": []}
-try:
-    os.makedirs(ws, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=ws, prefix=".dflashctl-check-")
-    os.write(fd, b"ok")
-    os.close(fd)
-    os.unlink(tmp)
-    r["workspace"] = {"writable": True}
-except OSError as e:
-    r["workspace"] = {"writable": False, "error": "%s: %s" % (e.strerror or e, e.filename or ws)}
-probe = ws
-while not os.path.exists(probe) and os.path.dirname(probe) != probe:
-    probe = os.path.dirname(probe)
-try:
-    u = shutil.disk_usage(probe)
-    r["disk"] = {"free_bytes": u.free, "total_bytes": u.total, "path": probe}
-except OSError as e:
-    r["disk"] = {"error": str(e)}
-print("DFLASHCTL-CHECK " + json.dumps(r))
-'''
 
 
 @dataclass(frozen=True)
@@ -124,10 +88,10 @@ def check_host(host: Host, *, timeout: float = 60.0) -> HostReport:
             except DflashError as e:
                 return _stop(report, "container", e)
         try:
-            res = target.python(CHECK_SCRIPT, host.workspace, timeout=timeout)
+            res = target.python(module_source("check"), host.workspace, timeout=timeout)
+            info = _parse(res.out)
         except DflashError as e:
             return _stop(report, "python", e)
-        info = _parse(res.out)
         if info is None:
             why = res.tail() or f"exit {res.exit_code}"
             e = DflashError(f"host {host.name}: `{host.python}` could not run the check script: {why}",
@@ -149,13 +113,8 @@ def _stop(report: HostReport, check: str, error: DflashError) -> HostReport:
 
 
 def _parse(out: str) -> dict[str, Any] | None:
-    for line in out.splitlines():
-        if line.startswith(_MARK):
-            try:
-                return json.loads(line[len(_MARK):])
-            except ValueError:
-                return None
-    return None
+    docs = parse_replies(out)
+    return docs[-1] if docs else None
 
 
 def _judge(host: Host, info: dict[str, Any]) -> list[Check]:

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import tempfile
 
-from dflashctl.remote.ssh import paramiko  # paramiko as ssh.py imports it (without `invoke`)
+from dflashctl.remote.sshlib import paramiko  # without `invoke`, like every ssh module
 
 
 class ProxyCommand(paramiko.ProxyCommand):

@@ -4,194 +4,32 @@ Why it is built this way:
 - lazy: nothing connects until the first command, so `dflashctl hosts` and --help stay offline;
 - one client, many channels: every run/stream is a fresh `exec` channel on the same connection
   (status --watch and the property tests would otherwise pay a handshake per command);
-- `~/.ssh/config` is honoured the way OpenSSH does for the options we support (HostName, User,
-  Port, IdentityFile, ProxyJump, ProxyCommand, HostKeyAlias, UserKnownHostsFile); hosts.toml values
-  win over it, like command-line options win in ssh(1);
+- where each hop goes (~/.ssh/config merged with hosts.toml) and which host key it must present is
+  sshconfig.py's business; paramiko itself comes from sshlib.py (imported without `invoke`);
 - dead peers are found by the kernel: paramiko sends a keepalive every 5 s, and TCP_USER_TIMEOUT
   aborts the socket when those bytes go unacknowledged for 15 s (plus TCP keepalive probes), so
-  a hung network turns into ConnectFailed instead of a command that waits forever;
-- known_hosts is checked (unknown keys rejected) unless the host opts in with
-  `accept_new_host_key = true` (OpenSSH's accept-new: learn unknown keys, never replace one).
-
-Tests point this at their own files with $DFLASHCTL_SSH_CONFIG (an ssh_config path, or
-/dev/null for none) and $DFLASHCTL_KNOWN_HOSTS (the known_hosts file to check and extend).
+  a hung network turns into ConnectFailed instead of a command that waits forever.
 """
 
 from __future__ import annotations
 
-import getpass
 import os
 import select
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 from dflashctl.errors import AuthFailed, ConnectFailed, HostKeyError, RemoteTimeout
 from dflashctl.model import Host
+from dflashctl.remote.sshconfig import AcceptNew, Endpoint, RejectUnknown, UnknownHostKey, chain_to, load_ssh_config
+from dflashctl.remote.sshlib import paramiko
 from dflashctl.remote.transport import Result, Transport, shell_join
-
-
-def _import_paramiko():  # noqa: ANN202 - returns the module
-    """paramiko.config imports `invoke` (a task runner: ~0.1 s, a third of the cost of importing paramiko,
-    paid by every ssh command) only to run `Match exec` lines of an ssh_config. Import paramiko without
-    it; `load_ssh_config` brings invoke in when a config really has a `Match … exec`."""
-    if "invoke" in sys.modules:
-        import paramiko
-
-        return paramiko
-    sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` raises ImportError meanwhile
-    try:
-        import paramiko
-    finally:
-        if sys.modules.get("invoke", 0) is None:
-            del sys.modules["invoke"]
-    return paramiko
-
-
-paramiko = _import_paramiko()
 
 CONNECT_TIMEOUT_S = 10.0
 KEEPALIVE_S = 5
 DEAD_PEER_S = 15  # TCP_USER_TIMEOUT: unacknowledged data (keepalives included) for this long = dead
 _POLL_S = 0.5
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where one ssh hop goes, after ~/.ssh/config and hosts.toml are merged."""
-
-    alias: str  # the name as written (hosts.toml address or a ProxyJump element)
-    hostname: str
-    port: int
-    user: str
-    identity_files: tuple[str, ...]
-    proxy_jump: str | None
-    known_hosts: Path
-    proxy_command: str | None = None  # only when there is no ProxyJump (ProxyJump wins, as hosts.toml's does)
-    host_key_alias: str | None = None
-
-    @property
-    def known_hosts_name(self) -> str:
-        """The name its key is filed under in known_hosts: HostKeyAlias as is (ssh(1) adds no port to it)."""
-        if self.host_key_alias:
-            return self.host_key_alias
-        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
-
-    def __str__(self) -> str:
-        return f"{self.user}@{self.hostname}:{self.port}"
-
-
-def ssh_config_path() -> Path | None:
-    env = os.environ.get("DFLASHCTL_SSH_CONFIG")
-    if env is not None:
-        return Path(env) if env and env != os.devnull else None
-    default = Path("~/.ssh/config").expanduser()
-    return default if default.exists() else None
-
-
-def _enable_match_exec(path: Path) -> None:
-    """Give paramiko the `invoke` it was imported without, for a config that has `Match … exec`."""
-    text = path.read_text(errors="replace")
-    if paramiko.config.invoke is None and any(
-            ln.split()[:1] == ["match"] and "exec" in ln.split() for ln in text.lower().splitlines()):
-        import invoke
-
-        paramiko.config.invoke = invoke
-
-
-def load_ssh_config() -> paramiko.SSHConfig:
-    path = ssh_config_path()
-    if path is None or not path.exists():
-        return paramiko.SSHConfig()
-    try:
-        _enable_match_exec(path)
-        return paramiko.SSHConfig.from_path(str(path))
-    except Exception as e:  # paramiko raises assorted types for bad files
-        raise ConnectFailed(f"cannot read ssh config {path}: {e}") from None
-
-
-def resolve(
-    alias: str,
-    cfg: paramiko.SSHConfig,
-    *,
-    port: int | None = None,
-    user: str | None = None,
-    identity_file: str | None = None,
-    proxy_jump: str | None = None,
-) -> Endpoint:
-    """Merge explicit settings (hosts.toml / a ProxyJump element) over ~/.ssh/config for alias."""
-    opts = cfg.lookup(alias)
-    identities = [identity_file] if identity_file else []
-    identities += [i for i in opts.get("identityfile", []) if i not in identities]
-    jump = _unless_none(proxy_jump or opts.get("proxyjump"))
-    env_kh = os.environ.get("DFLASHCTL_KNOWN_HOSTS")
-    cfg_kh = (opts.get("userknownhostsfile") or "").split()
-    known_hosts = env_kh or (cfg_kh[0] if cfg_kh else "~/.ssh/known_hosts")
-    return Endpoint(
-        alias=alias,
-        hostname=opts.get("hostname", alias),
-        port=int(port or opts.get("port", 22)),
-        user=user or opts.get("user") or getpass.getuser(),
-        identity_files=tuple(os.path.expanduser(i) for i in identities),
-        proxy_jump=jump,
-        known_hosts=Path(os.path.expanduser(known_hosts)),
-        proxy_command=None if jump else _unless_none(opts.get("proxycommand")),
-        host_key_alias=opts.get("hostkeyalias"),
-    )
-
-
-def _unless_none(value: str | None) -> str | None:
-    """ssh_config's `none` turns an inherited ProxyJump / ProxyCommand off."""
-    return None if value is None or value.strip().lower() == "none" else value
-
-
-def parse_jump(spec: str) -> list[tuple[str, str | None, int | None]]:
-    """ProxyJump `[user@]host[:port][,…]` (or ssh://[user@]host[:port]) -> [(host, user, port)]."""
-    hops = []
-    for raw in spec.split(","):
-        item = raw.strip().removeprefix("ssh://")
-        user = None
-        if "@" in item:
-            user, _, item = item.rpartition("@")
-        port = None
-        if item.startswith("["):  # [v6addr]:port
-            host, _, rest = item[1:].partition("]")
-            if rest.startswith(":"):
-                port = int(rest[1:])
-        elif item.count(":") == 1:
-            host, _, p = item.partition(":")
-            port = int(p)
-        else:
-            host = item
-        hops.append((host, user, port))
-    return hops
-
-
-class _UnknownHostKey(paramiko.SSHException):
-    pass
-
-
-class _Reject(paramiko.MissingHostKeyPolicy):
-    def missing_host_key(self, client, hostname, key):
-        raise _UnknownHostKey(hostname, key)
-
-
-class _AcceptNew(paramiko.MissingHostKeyPolicy):
-    """OpenSSH's StrictHostKeyChecking=accept-new: remember an unknown key (appending a line),
-    still refuse a changed one (paramiko raises BadHostKeyException before asking a policy)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def missing_host_key(self, client, hostname, key):
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(self.path, "a") as f:
-            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
 class SshTransport(Transport):
@@ -226,24 +64,14 @@ class SshTransport(Transport):
         """Connect now (raising the mapped error) instead of at the first command."""
         self._transport()
 
-    def reconnect(self) -> None:
-        with self._lock:
-            self._close_clients()
-        self._transport()
-
     def _connect(self) -> None:
         if not self.host.address:
             raise ConnectFailed(f"host {self.host.name}: no address for the ssh transport")
         if self.host.identity_file and not os.path.exists(os.path.expanduser(self.host.identity_file)):
             raise AuthFailed(f"host {self.host.name}: identity_file {self.host.identity_file} does not exist",
                              hint="fix `identity_file` in hosts.toml (or drop it to use ~/.ssh/config and the agent)")
-        cfg = load_ssh_config()
-        target = resolve(self.host.address, cfg, port=self.host.port, user=self.host.user,
-                         identity_file=self.host.identity_file, proxy_jump=self.host.proxy_jump)
-        self.endpoint = target
-        hops = [resolve(h, cfg, port=p, user=u) for h, u, p in parse_jump(target.proxy_jump)] \
-            if target.proxy_jump else []
-        chain = [*hops, target]
+        chain = chain_to(self.host, load_ssh_config())
+        self.endpoint = chain[-1]
         try:
             sock: socket.socket | paramiko.Channel | paramiko.ProxyCommand = self._first_hop(chain[0])
             for i, ep in enumerate(chain):
@@ -258,7 +86,7 @@ class SshTransport(Transport):
     def _first_hop(self, ep: Endpoint) -> socket.socket | paramiko.ProxyCommand:
         if not ep.proxy_command:
             return self._tcp(ep)
-        from dflashctl.remote.proxycommand import ProxyCommand
+        from dflashctl.remote.proxycommand import ProxyCommand  # only hosts with a ProxyCommand pay its imports
 
         try:
             return ProxyCommand(ep.proxy_command)
@@ -299,7 +127,7 @@ class SshTransport(Transport):
         if ep.known_hosts.exists():
             client.load_host_keys(str(ep.known_hosts))
         accept_new = self.host.accept_new_host_key
-        client.set_missing_host_key_policy(_AcceptNew(ep.known_hosts) if accept_new else _Reject())
+        client.set_missing_host_key_policy(AcceptNew(ep.known_hosts) if accept_new else RejectUnknown())
         where = f"host {self.host.name}: {ep}" + (f" (via {via.hostname})" if via else "")
         keys = [k for k in ep.identity_files if os.path.exists(k)]  # ssh(1) skips missing config keys too
         try:
@@ -318,7 +146,7 @@ class SshTransport(Transport):
                 f"{where}: host key does not match {ep.known_hosts} (possible man-in-the-middle, or a reinstall)",
                 hint=f"if the host was reinstalled, verify its new key, then: "
                      f"ssh-keygen -f {ep.known_hosts} -R '{ep.known_hosts_name}'") from None
-        except _UnknownHostKey:
+        except UnknownHostKey:
             client.close()
             raise HostKeyError(
                 f"{where}: host key is not in {ep.known_hosts}",

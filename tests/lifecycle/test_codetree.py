@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import subprocess
@@ -13,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl.remote import codetree
-from dflashctl.remote.scripts import build_call, module_source
+from dflashctl.agent import codetree
+from dflashctl.remote.scripts import build_call, module_source, parse_replies
 
 
 def make_tree(root: Path) -> Path:
@@ -56,7 +55,7 @@ def test_pack_is_deterministic(tmp_path):
 def _install(ws: Path, data: bytes, digest: str) -> dict:
     prog = build_call(module_source("codetree"), "install", {"workspace": str(ws), "hash": digest})
     res = subprocess.run([sys.executable, "-c", prog], input=data, capture_output=True, timeout=30)
-    return json.loads(res.stdout.decode().splitlines()[-1].split(" ", 1)[1])
+    return parse_replies(res.stdout)[-1]
 
 
 def test_install_refuses_paths_outside_the_tree(tmp_path):

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from harness.envs import toml_str
 
+from dflashctl.agent import codetree
 from dflashctl.commands import deploy as deploy_cmd
-from dflashctl.remote import codetree
 
 from .conftest import FAKE_TRAINER, write_config
 

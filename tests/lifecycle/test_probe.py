@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import json
 import os
 import subprocess
 import sys
@@ -12,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from dflashctl.agent.lib.frame import SENTINEL, frame
+from dflashctl.agent.probe.procs import host_gpu_procs
 from dflashctl.errors import DflashError, NotFound
 from dflashctl.remote.probe import build_script, decode_log, parse_frames, probe_once, probe_stream
-from dflashctl.remote.probe.pieces.procs import host_gpu_procs
 
 from .conftest import write_config
 
@@ -48,14 +48,14 @@ def test_the_assembled_probe_runs_on_a_bare_python_without_site_packages(tmp_pat
 def test_frames_survive_banners_and_torn_lines():
     doc = {"probe_version": 1, "time": 1.0, "hostname": "h"}
     text = ("Welcome to Ubuntu 22.04\nperl: warning: Setting locale failed.\n"
-            f"DFLASH-PROBE {json.dumps(doc)}\nDFLASH-PROBE {{\"probe_version\": 1, \"ti\n"
-            f"motd junk DFLASH-PROBE {json.dumps({**doc, 'time': 2.0})}\n")
+            f"{frame(doc)}\n{frame(doc)[:-20]}\n"
+            f"motd junk {frame({**doc, 'time': 2.0})}\n")
     assert [d["time"] for d in parse_frames(text)] == [1.0, 2.0]
 
 
 def test_a_stale_probe_version_is_refused():
     with pytest.raises(DflashError, match="probe version 0"):
-        parse_frames('DFLASH-PROBE {"probe_version": 0}\n')
+        parse_frames(frame({"probe_version": 0}) + "\n")
 
 
 def test_log_reads_resume_from_an_offset_and_restart_after_rotation(local_host, tmp_path):
@@ -197,5 +197,5 @@ def test_probe_output_is_one_line_per_report(local_host, tmp_path):
     res = subprocess.run([sys.executable, "-", "--workspace", str(local_host.workspace_dir), "--run", "r1"],
                          input=build_script().encode(), capture_output=True, timeout=30)
     lines = res.stdout.decode().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("DFLASH-PROBE ")
-    assert time.time() - json.loads(lines[0][13:])["time"] < 600
+    assert len(lines) == 1 and lines[0].startswith(SENTINEL + " ")
+    assert time.time() - parse_frames(lines[0])[0]["time"] < 600

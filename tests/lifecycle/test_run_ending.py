@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from dflashctl.agent.lib.runstate import list_runs, run_state
+from dflashctl.agent.lib.runstate import live_latest as _live_latest
 from dflashctl.analysis.health import Evidence, ProcessState, judge
 from dflashctl.analysis.logscan import scan
 from dflashctl.commands import stop as stop_command
 from dflashctl.model import Verdict
-from dflashctl.remote.launcher import _live_latest
 from dflashctl.remote.probe import probe_once
-from dflashctl.remote.probe.pieces.runstate import list_runs, run_state
 
 from .conftest import FAKE_TRAINER, alive, kill_quietly, marker_of, proc_state, wait_until, write_config
 

@@ -25,7 +25,8 @@ from dflashctl.errors import (
 )
 from dflashctl.model import Host
 from dflashctl.remote.proxycommand import ProxyCommand
-from dflashctl.remote.ssh import SshTransport, parse_jump
+from dflashctl.remote.ssh import SshTransport
+from dflashctl.remote.sshconfig import parse_jump
 
 
 @pytest.fixture

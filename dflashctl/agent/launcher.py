@@ -7,7 +7,7 @@ Three modes, one file:
   directory exclusively, config.toml (the bundled trainer only), meta.json and train.log (before
   anything starts), points runs/latest at it, then forks a supervisor in a new session with stdin
   /dev/null, stdout and stderr on train.log and every other fd closed, so `pct exec` / ssh return at
-  once. It prints one framed line `DFLASH-RESULT <json>` (run id, dir, pid) and exits. The program is
+  once. It prints its one reply line (lib/frame.py: run id, dir, pid) and exits. The program is
   `python -m trainer --config … --run-dir …` (the bundled trainer), or any argv (`launch --exec`), or
   `bash -c CMD` (`launch --shell`), started in <workspace>/code with the run's own variables
   (DFLASH_RUN_ID, DFLASH_RUN_DIR, PYTHONUNBUFFERED=1 and the user's --env).
@@ -22,14 +22,13 @@ Three modes, one file:
   process's identity (pid, start time, boot time, argv, cwd), `pid`, and `train.log` a symlink to the
   log it writes. Under the same lock as launch: never beside a live run.
 
-Whether a run is alive is the probe's rule (pieces/runstate.py `liveness`), bundled into this file
-as it travels (remote/scripts.py), not a copy of it.
+Whether a run is alive is the one rule (agent/lib/runstate.py `liveness`), pasted into this file with the
+rest of agent/lib as it travels (remote/scripts.py), not a copy of it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import pwd
@@ -40,70 +39,18 @@ import subprocess
 import sys
 import time
 
-from dflashctl.remote.probe.pieces.runstate import adopted_by, live_latest  # probe:bundle
-from dflashctl.remote.probe.pieces.util import (  # probe:bundle
-    MARKER,
-    proc_env_var,
-    proc_marker,
-    proc_stat,
-    process_identity,
-    read_bytes,
-    read_int,
-)
+from dflashctl.agent.lib.frame import reply
+from dflashctl.agent.lib.fsutil import read_bytes, read_int, write_atomic
+from dflashctl.agent.lib.procfs import MARKER, RUN_DIR_VAR, proc_env_var, proc_marker, proc_stat, process_identity
+from dflashctl.agent.lib.reaping import KILL_WAIT_S, end_group
+from dflashctl.agent.lib.rundir import HASH_FILE, lock_runs, mkdir_exclusive, now_iso, point_latest
+from dflashctl.agent.lib.runstate import adopted_by, live_latest
 
-RESULT_FRAME = "DFLASH-RESULT "
-RUN_DIR_VAR = "DFLASH_RUN_DIR"
 GROUP_GRACE_S = 5.0
-KILL_WAIT_S = 5.0
-CODE_HASH_FILE = ".dflash-code-hash"  # remote/codetree.py's HASH_FILE
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _emit(doc: dict) -> int:
-    sys.stdout.write(RESULT_FRAME + json.dumps(doc) + "\n")
-    sys.stdout.flush()
-    return 0 if "error" not in doc else 1
-
-
-def _mkdir_exclusive(runs_dir: str, base_id: str) -> tuple[str, str]:
-    """A fresh directory: never reuse one; a collision gets -2, -3 ... appended."""
-    os.makedirs(runs_dir, exist_ok=True)
-    for i in range(1, 100):
-        run_id = base_id if i == 1 else f"{base_id}-{i}"
-        path = os.path.join(runs_dir, run_id)
-        try:
-            os.mkdir(path)
-        except FileExistsError:
-            continue
-        return run_id, path
-    raise RuntimeError(f"no free run directory for {base_id} in {runs_dir}")
-
-
-def _lock(runs_dir: str) -> int:
-    """The launch lock, held until this program exits: two launches (or adopts) at once cannot both pass the
-    live-run check."""
-    os.makedirs(runs_dir, exist_ok=True)
-    fd = os.open(os.path.join(os.path.dirname(runs_dir.rstrip("/")), ".launch.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
-
-
-def _point_latest(runs_dir: str, run_id: str) -> None:
-    tmp_link = os.path.join(runs_dir, f".latest-{os.getpid()}")
-    os.symlink(run_id, tmp_link)
-    os.replace(tmp_link, os.path.join(runs_dir, "latest"))
-
-
-def _now_iso(epoch: float | None = None) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+    return reply(doc, 0 if "error" not in doc else 1)
 
 
 def launch(spec: dict, source: str) -> int:
@@ -119,7 +66,7 @@ def launch(spec: dict, source: str) -> int:
         config_src = path if os.path.isabs(path) else os.path.join(cwd, path)
         if not os.path.isfile(config_src):
             return _emit({"error": "config-missing", "message": f"config {config_src} not found in the container"})
-    _lock(spec["runs_dir"])
+    lock_runs(spec["runs_dir"])
     live = live_latest(spec["runs_dir"])
     if live:
         return _emit({"error": "run-alive", "message": f"run {live} is still running", "run_id": live})
@@ -132,7 +79,7 @@ def launch(spec: dict, source: str) -> int:
         if checkpoint is None:
             return _emit({"error": "no-checkpoint", "message": f"run {resume} has no checkpoint to resume from"})
     try:
-        run_id, run_dir = _mkdir_exclusive(spec["runs_dir"], spec["base_id"])
+        run_id, run_dir = mkdir_exclusive(spec["runs_dir"], spec["base_id"])
     except (OSError, RuntimeError) as e:
         return _emit({"error": "run-dir", "message": str(e)})
     resumed = _take_checkpoint(checkpoint, run_dir, resume) if resume and checkpoint else None
@@ -145,10 +92,10 @@ def launch(spec: dict, source: str) -> int:
     else:
         config = os.path.join(run_dir, "config.toml")
         if config_src is None:
-            _write_atomic(config, spec["config_text"].encode("utf-8"))
+            write_atomic(config, spec["config_text"].encode("utf-8"))
         else:
             with open(config_src, "rb") as f:
-                _write_atomic(config, f.read())
+                write_atomic(config, f.read())
         argv = [spec["python"], "-m", spec["module"], "--config", config, "--run-dir", run_dir, *spec["extra"]]
         meta["config"] = dict(meta.get("config") or {}, path=config, copied_from=config_src)
     meta.update({
@@ -156,19 +103,19 @@ def launch(spec: dict, source: str) -> int:
         "run_dir": run_dir,
         "argv": argv,
         "cwd": os.path.realpath(cwd),
-        "started_at": _now_iso(),
+        "started_at": now_iso(),
         "started_at_epoch": time.time(),
     })
     if resumed:
         meta["resumed_from"] = resumed
     env = _run_env(spec.get("env") or {}, run_id, run_dir)
-    _write_atomic(os.path.join(run_dir, "meta.json"), (json.dumps(meta, indent=2) + "\n").encode())
-    _write_atomic(os.path.join(run_dir, "launch.json"),
-                  json.dumps({"argv": argv, "cwd": cwd, "env": spec.get("env") or {},
-                              "what": "program" if exec_mode else "trainer"}).encode())
-    _write_atomic(os.path.join(run_dir, "launcher.py"), source.encode())
+    write_atomic(os.path.join(run_dir, "meta.json"), (json.dumps(meta, indent=2) + "\n").encode())
+    write_atomic(os.path.join(run_dir, "launch.json"),
+                 json.dumps({"argv": argv, "cwd": cwd, "env": spec.get("env") or {},
+                             "what": "program" if exec_mode else "trainer"}).encode())
+    write_atomic(os.path.join(run_dir, "launcher.py"), source.encode())
     log_fd = os.open(os.path.join(run_dir, "train.log"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-    _point_latest(spec["runs_dir"], run_id)
+    point_latest(spec["runs_dir"], run_id)
 
     sys.stdout.flush()
     child = os.fork()
@@ -184,7 +131,7 @@ def launch(spec: dict, source: str) -> int:
             os.execve(sys.executable, [sys.executable, script, "supervise", run_dir], env)
         except BaseException as e:  # noqa: BLE001 - nothing may escape a forked child
             os.write(2, f"[dflashctl] could not start the supervisor: {e}\n".encode())
-            _write_atomic(os.path.join(run_dir, "exit_code"), b"127\n")
+            write_atomic(os.path.join(run_dir, "exit_code"), b"127\n")
         os._exit(127)
     os.close(log_fd)
     pid, exit_code = _wait_for_pid(run_dir, child, timeout=5.0)
@@ -210,7 +157,7 @@ def _run_env(extra: dict, run_id: str, run_dir: str) -> dict:
 
 def _recorded_hash(cwd: str) -> str | None:
     try:
-        with open(os.path.join(cwd, CODE_HASH_FILE)) as f:
+        with open(os.path.join(cwd, HASH_FILE)) as f:
             return f.read().strip() or None
     except OSError:
         return None
@@ -236,7 +183,7 @@ def adopt(spec: dict) -> int:
         return _emit({"error": "marked", "message": f"pid {pid} is part of run {marker}, which dflashctl launched",
                       "run_id": marker})
     runs_dir = spec["runs_dir"]
-    _lock(runs_dir)
+    lock_runs(runs_dir)
     identity = _identity(pid)
     if identity is None:
         return _emit({"error": "no-such-pid", "message": f"process {pid} exited"})
@@ -256,7 +203,7 @@ def adopt(spec: dict) -> int:
     if not os.path.isfile(log):
         return _emit({"error": "log-not-file", "message": f"log {log} is not a regular file"})
     try:
-        run_id, run_dir = _mkdir_exclusive(runs_dir, spec["base_id"])
+        run_id, run_dir = mkdir_exclusive(runs_dir, spec["base_id"])
     except (OSError, RuntimeError) as e:
         return _emit({"error": "run-dir", "message": str(e)})
     meta = dict(spec.get("meta") or {})
@@ -268,15 +215,15 @@ def adopt(spec: dict) -> int:
         "cwd": identity["cwd"],
         "log": log,
         "adopted": {k: identity[k] for k in ("pid", "starttime", "boot_time", "clk_tck", "start_epoch", "cmdline")},
-        "started_at": _now_iso(identity["start_epoch"]),
+        "started_at": now_iso(identity["start_epoch"]),
         "started_at_epoch": identity["start_epoch"],
-        "adopted_at": _now_iso(),
+        "adopted_at": now_iso(),
         "launched_by": "hand (adopted by dflashctl)",
     })
-    _write_atomic(os.path.join(run_dir, "meta.json"), (json.dumps(meta, indent=2) + "\n").encode())
-    _write_atomic(os.path.join(run_dir, "pid"), f"{pid}\n".encode())
+    write_atomic(os.path.join(run_dir, "meta.json"), (json.dumps(meta, indent=2) + "\n").encode())
+    write_atomic(os.path.join(run_dir, "pid"), f"{pid}\n".encode())
     os.symlink(log, os.path.join(run_dir, "train.log"))  # the probe, logs and status read the adopted log
-    _point_latest(runs_dir, run_id)
+    point_latest(runs_dir, run_id)
     return _emit({"run_id": run_id, "run_dir": run_dir, "pid": pid, "log": log, "cmdline": identity["cmdline"],
                   "cwd": identity["cwd"], "started_at": meta["started_at"], "pgid": identity["pgid"]})
 
@@ -334,11 +281,6 @@ def _wait_for_pid(run_dir: str, child: int, timeout: float) -> tuple[int | None,
         time.sleep(0.05)
 
 
-def _live_latest(runs_dir: str) -> str | None:
-    """The latest run's id while it is alive: runstate.live_latest, the probe's own rule."""
-    return live_latest(runs_dir)
-
-
 def _close_other_fds() -> None:
     """Close every fd above 2 (the ssh / pct exec pipes among them), so nothing holds the caller."""
     try:
@@ -356,15 +298,15 @@ def supervise(run_dir: str) -> int:
         spec = json.load(f)
     exit_path = os.path.join(run_dir, "exit_code")
     with contextlib.suppress(OSError):  # only a liveness hint: never a reason to leave no exit_code
-        _write_atomic(os.path.join(run_dir, "supervisor.pid"), f"{os.getpid()}\n".encode())
+        write_atomic(os.path.join(run_dir, "supervisor.pid"), f"{os.getpid()}\n".encode())
     try:
         proc = subprocess.Popen(spec["argv"], cwd=spec["cwd"], stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as e:
         sys.stderr.write(f"[dflashctl] cannot start {spec['argv'][0]!r} in {spec['cwd']}: {e}\n")
         sys.stderr.flush()
-        _write_atomic(exit_path, b"127\n")
+        write_atomic(exit_path, b"127\n")
         return 127
-    _write_atomic(os.path.join(run_dir, "pid"), f"{proc.pid}\n".encode())
+    write_atomic(os.path.join(run_dir, "pid"), f"{proc.pid}\n".encode())
 
     def forward(signum: int, _frame: object) -> None:
         with contextlib.suppress(OSError):
@@ -378,29 +320,14 @@ def supervise(run_dir: str) -> int:
     note = f"; stopped {leftovers} leftover process(es) of the run" if leftovers else ""
     sys.stderr.write(f"[dflashctl] {spec.get('what') or 'trainer'} exited with code {code}{note}\n")
     sys.stderr.flush()
-    _write_atomic(exit_path, f"{code}\n".encode())
+    write_atomic(exit_path, f"{code}\n".encode())
     return 0
 
 
 def _reap_group(pgid: int) -> int:
-    """After the leader exits, nothing of the run may linger: SIGTERM the group, grace, SIGKILL, and
-    wait until no member is left alive (a signal is delivered after kill() returns), so that
-    `exit_code` present means the whole group is gone. Defunct members count as gone."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except OSError:
-        return 0
-    deadline = time.time() + GROUP_GRACE_S
-    while time.time() < deadline:
-        if not _group_live(pgid):
-            return 1
-        time.sleep(0.1)
-    with contextlib.suppress(OSError):
-        os.killpg(pgid, signal.SIGKILL)
-    end = time.time() + KILL_WAIT_S  # only a process stuck in the kernel (state D) outlives this
-    while _group_live(pgid) and time.time() < end:
-        time.sleep(0.02)
-    return 1
+    """After the leader exits, nothing of the run may linger: SIGTERM the group, grace, SIGKILL, and wait until
+    no member is left alive (reaping.end_group), so that `exit_code` present means the whole group is gone."""
+    return 0 if end_group(pgid, GROUP_GRACE_S) is None else 1
 
 
 def _reap_marked(run_id: str | None, run_dir: str) -> int:
@@ -436,16 +363,6 @@ def _reap_marked(run_id: str | None, run_dir: str) -> int:
         if not any(still(p) for p in found):
             break
     return len(found)
-
-
-def _group_live(pgid: int) -> bool:
-    """Some process of group pgid is alive (not defunct)."""
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = proc_stat(int(name))
-            if st is not None and st["pgid"] == pgid and st["state"] not in ("Z", "X"):
-                return True
-    return False
 
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "supervise":

@@ -1,4 +1,4 @@
-"""Probe piece: the log bytes past an offset, noticing truncation and rotation."""
+"""The probe's the log bytes past an offset, noticing truncation and rotation."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""The probe: one stdlib-only Python program sent on stdin, so it always matches this CLI.
+"""The probe's laptop side: the probe is one stdlib-only Python program sent on stdin, so it always matches
+this CLI.
 
-It is assembled from the piece modules in `pieces/` (importable, so each is unit-tested on its
-own) and prints each report as ONE line `DFLASH-PROBE <json>`; anything else on stdout (login
-banners, locale warnings) is ignored by the parser.
+It is dflashctl/agent/probe/main.py with the agent modules it imports pasted in (remote/scripts.py
+module_source; each is importable, so each is unit-tested on its own), and it prints each report as ONE
+framed reply line (agent/lib/frame.py); anything else on stdout (login banners, locale warnings) is ignored
+by the one parser, scripts.parse_reply.
 
 Arguments: --workspace W [--run RUN|latest] [--log-offset N] [--log-inode I] [--log-max BYTES]
 [--gpus] [--procs [--pid P ...]] [--runs] [--host-gpu-procs CTID] [--watch --interval S].
@@ -23,59 +25,37 @@ The probe never reports itself or its ancestors (the caller) in procs.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Iterator
 from functools import lru_cache
-from pathlib import Path
 
+from dflashctl.agent.probe.main import PROBE_VERSION
 from dflashctl.errors import DflashError, ExitCode, NotFound
-from dflashctl.remote.probe.pieces.util import FRAME, PROBE_VERSION
+from dflashctl.remote.scripts import module_source, parse_replies, parse_reply
 from dflashctl.remote.target import Target
 
-__all__ = ["FRAME", "PROBE_VERSION", "build_script", "decode_log", "parse_frames", "probe_args",
+__all__ = ["PROBE_VERSION", "build_script", "decode_log", "parse_frames", "probe_args",
            "probe_host_gpu_procs", "probe_once", "probe_stream"]
 
-PIECES = ("util", "runstate", "logtail", "gpus", "procs", "main")
 DEFAULT_LOG_MAX = 1 << 20
 
 
 @lru_cache(maxsize=1)
 def build_script() -> str:
-    """Concatenate the pieces in order: drop their package-relative imports and their own
-    `from __future__` lines (one goes on top, where Python requires it)."""
-    here = Path(__file__).parent / "pieces"
-    out = ["from __future__ import annotations", "# dflashctl probe (assembled; stdlib only)"]
-    for name in PIECES:
-        out.append(f"# ---- piece: {name}")
-        for line in (here / f"{name}.py").read_text().splitlines():
-            if line.rstrip().endswith("# probe:strip") or line.startswith("from __future__ import"):
-                continue
-            out.append(line)
-    return "\n".join(out) + "\n"
+    """The probe as it travels: agent/probe/main.py, assembled."""
+    return module_source("probe.main")
 
 
 def parse_frames(text: str | bytes) -> list[dict]:
-    """Every framed report in `text`, in order; unframed or torn lines are skipped."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    docs = []
-    for line in text.splitlines():
-        doc = _parse_line(line)
-        if doc is not None:
-            docs.append(doc)
-    return docs
+    """Every report in `text`, in order; unframed or torn lines are skipped."""
+    return [_checked(doc) for doc in parse_replies(text)]
 
 
 def _parse_line(line: str) -> dict | None:
-    idx = line.find(FRAME)
-    if idx < 0:
-        return None
-    try:
-        doc = json.loads(line[idx + len(FRAME):])
-    except ValueError:
-        return None
-    if not isinstance(doc, dict):
-        return None
+    doc = parse_reply(line)
+    return None if doc is None else _checked(doc)
+
+
+def _checked(doc: dict) -> dict:
     if doc.get("probe_version") != PROBE_VERSION:
         raise DflashError(f"probe version {doc.get('probe_version')!r} does not match this CLI ({PROBE_VERSION})",
                           hint="the probe is sent with every command; is an old dflashctl on PATH?")

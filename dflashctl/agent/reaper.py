@@ -12,35 +12,17 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import time
 
-from dflashctl.remote.probe.pieces.util import (  # probe:bundle
-    is_process,
-    proc_marker,
-    proc_stat,
-    read_int,
-)
-
-RESULT_FRAME = "DFLASH-RESULT "
-
-
-def _emit(doc: dict) -> int:
-    sys.stdout.write(RESULT_FRAME + json.dumps(doc) + "\n")
-    sys.stdout.flush()
-    return 0
+from dflashctl.agent.lib.frame import reply
+from dflashctl.agent.lib.fsutil import read_int, write_atomic
+from dflashctl.agent.lib.procfs import group_live, is_process, proc_marker, proc_stat
+from dflashctl.agent.lib.reaping import KILL_WAIT_S, end_group
 
 
 def _ended(pid: int, starttime: int | None) -> bool:
     st = proc_stat(pid)
     return st is None or st["state"] in ("Z", "X") or (starttime is not None and st["starttime"] != starttime)
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def kill(spec: dict) -> int:
@@ -67,7 +49,7 @@ def kill(spec: dict) -> int:
             continue
         live.append(t)
     results.update(_grace_then_kill(live, float(spec.get("grace_s", 10.0))))
-    return _emit({"results": {str(k): v for k, v in results.items()}})
+    return reply({"results": {str(k): v for k, v in results.items()}})
 
 
 def _grace_then_kill(live: list, grace_s: float) -> dict:
@@ -82,7 +64,7 @@ def _grace_then_kill(live: list, grace_s: float) -> dict:
         with contextlib.suppress(OSError):
             os.kill(int(t["pid"]), signal.SIGKILL)
     killed = list(pending)
-    end = time.time() + 5.0
+    end = time.time() + KILL_WAIT_S
     while pending and time.time() < end:
         time.sleep(0.1)
         pending = [t for t in pending if not _ended(int(t["pid"]), t["starttime"])]
@@ -95,7 +77,7 @@ def _grace_then_kill(live: list, grace_s: float) -> dict:
 
 def stop(spec: dict) -> int:
     """spec: {"run_dir", "run_id", "grace_s", "identity"}: stop one run's process group and record it.
-    identity (an adopted run's process, util.process_identity's record): see _stop_adopted."""
+    identity (an adopted run's process, procfs.process_identity's record): see _stop_adopted."""
     if spec.get("identity") is not None:
         return _stop_adopted(spec)
     run_dir, run_id = spec["run_dir"], spec["run_id"]
@@ -103,24 +85,13 @@ def stop(spec: dict) -> int:
     code = read_int(os.path.join(run_dir, "exit_code"))
     st = proc_stat(pid) if pid else None
     if pid is None or st is None or st["state"] in ("Z", "X") or proc_marker(pid) != run_id:
-        return _emit({"outcome": "not-running", "exit_code": code, "pid": pid})
-    _write_atomic(os.path.join(run_dir, "stopped"),
-                  json.dumps({"by": "dflashctl stop", "time": time.time(), "pid": pid}).encode())
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except OSError:
+        return reply({"outcome": "not-running", "exit_code": code, "pid": pid})
+    write_atomic(os.path.join(run_dir, "stopped"),
+                 json.dumps({"by": "dflashctl stop", "time": time.time(), "pid": pid}).encode())
+    escalated = end_group(pid, float(spec.get("grace_s", 30.0)))
+    if escalated is None:  # it leads no group: the process alone
         os.kill(pid, signal.SIGTERM)
-    escalated = False
-    deadline = time.time() + float(spec.get("grace_s", 30.0))
-    while not _group_ended(pid) and time.time() < deadline:
-        time.sleep(0.1)
-    if not _group_ended(pid):
-        escalated = True
-        with contextlib.suppress(OSError):
-            os.killpg(pid, signal.SIGKILL)
-        end = time.time() + 5.0
-        while not _group_ended(pid) and time.time() < end:
-            time.sleep(0.1)
+        escalated = False
     # The supervisor records the exit code; give it a moment, and write it ourselves if it is gone.
     end = time.time() + 5.0
     code = read_int(os.path.join(run_dir, "exit_code"))
@@ -130,9 +101,9 @@ def stop(spec: dict) -> int:
     recorded_by = "supervisor"
     if code is None:
         code = 137 if escalated else 143
-        _write_atomic(os.path.join(run_dir, "exit_code"), f"{code}\n".encode())
+        write_atomic(os.path.join(run_dir, "exit_code"), f"{code}\n".encode())
         recorded_by = "stop"
-    return _emit({"outcome": "stopped", "pid": pid, "exit_code": code, "escalated": escalated,
+    return reply({"outcome": "stopped", "pid": pid, "exit_code": code, "escalated": escalated,
                   "recorded_by": recorded_by, "ended": _group_ended(pid)})
 
 
@@ -147,7 +118,7 @@ def _stop_adopted(spec: dict) -> int:
     code = read_int(os.path.join(run_dir, "exit_code"))
     st = proc_stat(pid)
     if not is_process(identity) or st is None:
-        return _emit({"outcome": "not-running", "exit_code": code, "pid": pid,
+        return reply({"outcome": "not-running", "exit_code": code, "pid": pid,
                       "changed": st is not None and st["state"] not in ("Z", "X")})
     leads = st["pgid"] == pid
 
@@ -164,8 +135,8 @@ def _stop_adopted(spec: dict) -> int:
     def ended() -> bool:
         return not is_process(identity) and (not leads or _group_ended(pid))
 
-    _write_atomic(os.path.join(run_dir, "stopped"),
-                  json.dumps({"by": "dflashctl stop", "time": time.time(), "pid": pid}).encode())
+    write_atomic(os.path.join(run_dir, "stopped"),
+                 json.dumps({"by": "dflashctl stop", "time": time.time(), "pid": pid}).encode())
     signal_it(signal.SIGTERM)
     escalated = False
     deadline = time.time() + float(spec.get("grace_s", 30.0))
@@ -182,16 +153,11 @@ def _stop_adopted(spec: dict) -> int:
         while not ended() and time.time() < end:
             time.sleep(0.1)
     code = 137 if escalated else 143
-    _write_atomic(os.path.join(run_dir, "exit_code"), f"{code}\n".encode())
-    return _emit({"outcome": "stopped", "pid": pid, "exit_code": code, "escalated": escalated,
+    write_atomic(os.path.join(run_dir, "exit_code"), f"{code}\n".encode())
+    return reply({"outcome": "stopped", "pid": pid, "exit_code": code, "escalated": escalated,
                   "recorded_by": "stop", "ended": ended()})
 
 
 def _group_ended(pgid: int) -> bool:
     """True when no live (non-defunct) process is left in the group."""
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = proc_stat(int(name))
-            if st is not None and st["pgid"] == pgid and st["state"] not in ("Z", "X"):
-                return False
-    return True
+    return not group_live(pgid)

@@ -1,11 +1,15 @@
-"""Probe piece: the state of one run directory (meta, pid, liveness, exit code, heartbeat, errors)."""
+"""A run directory's state (meta, pid, exit code, heartbeat, errors) and THE liveness rule (stdlib only).
+
+The probe reports it, the launcher refuses to start beside a live run with it, `adopt` checks it: one copy,
+bundled into each program as it travels."""
 
 from __future__ import annotations
 
 import base64
 import os
 
-from .util import group_alive, is_process, read_int, read_json, run_alive  # probe:strip
+from dflashctl.agent.lib.fsutil import read_int, read_json
+from dflashctl.agent.lib.procfs import group_alive, is_process, run_alive
 
 
 def resolve_run(runs_dir: str, run: str) -> tuple[str, str] | None:
@@ -40,8 +44,8 @@ def liveness(run_id: str, run_dir: str, pid: int | None, exit_code: int | None,
     run is ending, not lost. `ending`: alive, but the trainer itself is gone. Runs started by a
     launcher that wrote no supervisor.pid fall back to the group alone.
     An adopted run (meta kind "adopted") carries no marker and has no supervisor: it is alive while
-    its process is the one adopted (util.is_process: same pid, start time, boot and argv).
-    cache: see util.group_alive."""
+    its process is the one adopted (procfs.is_process: same pid, start time, boot and argv).
+    cache: see procfs.group_alive."""
     identity = adopted_identity(meta)
     if identity is not None:
         return is_process(identity), False, None

@@ -1,10 +1,10 @@
 """The deployed code tree: which files ship, its content hash, and installing it (stdlib only).
 
-Imported here to pack and hash the local tree, and sent to the container (as source) to hash the
-deployed tree and install a new one, so both sides pick the files and hash them with the very same
-code. A tree is a directory plus a prefix: our trainer package ships with prefix `trainer` (it
-lands as `<workspace>/code/trainer/...`, so `python -m trainer` works from `code/`), any other
-directory with none (its files land directly under `<workspace>/code/`). The hash is over the
+The one module of agent/ that also runs on the laptop: imported there to pack and hash the local tree, and
+sent to the container (as source) to hash the deployed tree and install a new one, so both sides pick the
+files and hash them with the very same code. A tree is a directory plus a prefix: our trainer package
+ships with prefix `trainer` (it lands as `<workspace>/code/trainer/...`, so `python -m trainer` works from
+`code/`), any other directory with none (its files land directly under `<workspace>/code/`). The hash is over the
 paths as they land, so it is also the hash of `code/` itself. Install layout:
 `<workspace>/.code/<hash16>/...` plus `.dflash-code-hash`, with `<workspace>/code` a symlink
 swapped atomically; a running program keeps the version it started in (its cwd), and old
@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import os
 import re
 import shutil
@@ -30,8 +29,9 @@ import sys
 import tarfile
 import time
 
-FRAME = "DFLASH-RESULT "
-HASH_FILE = ".dflash-code-hash"  # at the root of each version directory; never part of a tree
+from dflashctl.agent.lib.frame import reply
+from dflashctl.agent.lib.rundir import HASH_FILE
+
 IGNORE_FILES = (".gitignore", ".dflashignore")  # read in this order per directory: .dflashignore's rules win
 # Never ship, whatever an ignore file says: version control, caches, virtualenvs, bytecode.
 ALWAYS_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".pytest_cache", ".mypy_cache",
@@ -224,19 +224,13 @@ def pack(root: str, prefix: str = "", entries: list[tuple[str, str, int]] | None
 # ------------------------------------------------------------------------------------ container side
 
 
-def _emit(doc: dict) -> int:
-    sys.stdout.write(FRAME + json.dumps(doc) + "\n")
-    sys.stdout.flush()
-    return 0
-
-
 def state(spec: dict) -> int:
     """Remote: what is deployed: the recorded hash and the hash of the files really there."""
     code = os.path.join(spec["workspace"], "code")
     recorded = None
     with contextlib.suppress(OSError), open(os.path.join(code, HASH_FILE)) as f:
         recorded = f.read().strip() or None
-    return _emit({"recorded": recorded, "actual": tree_hash(code),
+    return reply({"recorded": recorded, "actual": tree_hash(code),
                   "path": os.path.realpath(code) if os.path.exists(code) else None})
 
 
@@ -256,7 +250,7 @@ def install(spec: dict) -> int:
                         or any(p in ("", ".", "..") for p in parts):
                     for _ in iter(lambda: sys.stdin.buffer.read(1 << 20), b""):
                         pass  # drain: the sender is still writing
-                    return _emit({"error": f"refusing tar member {m.name!r}"})
+                    return reply({"error": f"refusing tar member {m.name!r}"})
                 dest = os.path.join(tmp, *parts)
                 os.makedirs(os.path.dirname(dest), exist_ok=True)
                 src = tar.extractfile(m)
@@ -265,7 +259,7 @@ def install(spec: dict) -> int:
                 os.chmod(dest, m.mode & 0o755)
         got = tree_hash(tmp)
         if got != spec["hash"]:
-            return _emit({"error": f"hash mismatch after unpacking: expected {spec['hash']}, got {got}"})
+            return reply({"error": f"hash mismatch after unpacking: expected {spec['hash']}, got {got}"})
         with open(os.path.join(tmp, HASH_FILE), "w") as f:
             f.write(got + "\n")
         final = os.path.join(versions, got[:16])
@@ -289,7 +283,7 @@ def install(spec: dict) -> int:
     tmp_link = os.path.join(ws, f".code-link-{os.getpid()}")
     os.symlink(os.path.join(".code", got[:16]), tmp_link)
     os.replace(tmp_link, link)
-    return _emit({"hash": got, "path": final, "moved_legacy": moved, "set_aside": set_aside,
+    return reply({"hash": got, "path": final, "moved_legacy": moved, "set_aside": set_aside,
                   "pruned": _prune(versions, final)})
 
 

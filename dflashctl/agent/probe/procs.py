@@ -1,4 +1,4 @@
-"""Probe piece: the processes that matter for zombies: ours (by marker), defunct ones and their
+"""The probe's processes that matter for zombies: ours (by marker), defunct ones and their
 parents, and every process holding /dev/nvidia* open (the driver does not list them in LXC)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import subprocess
 import time
 
-from .util import boot_time, proc_age_s, proc_cmdline, proc_marker, proc_stat  # probe:strip
+from dflashctl.agent.lib.procfs import boot_time, proc_age_s, proc_cmdline, proc_marker, proc_stat
 
 
 def holds_gpu(pid: int) -> bool:

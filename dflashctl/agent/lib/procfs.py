@@ -1,45 +1,14 @@
-"""Probe piece: small /proc and file readers shared by the other pieces (stdlib only).
-
-Pieces are importable modules (so they can be unit-tested here) and are also concatenated into
-the one script sent on stdin; lines ending in "probe:strip" are dropped when assembling.
-"""
+"""/proc readers and the run marker: what names a process as part of a run (stdlib only)."""
 
 from __future__ import annotations
 
-import json
 import os
 
-PROBE_VERSION = 1
-FRAME = "DFLASH-PROBE "
-MARKER = "DFLASH_RUN_ID"
+from dflashctl.agent.lib.fsutil import read_bytes
+
+MARKER = "DFLASH_RUN_ID"  # in the environment of every process of a run we started: the run's id
+RUN_DIR_VAR = "DFLASH_RUN_DIR"  # beside it: the run's directory (a run of the same id elsewhere is not ours)
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def read_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read(limit)
-    except OSError:
-        return None
-
-
-def read_json(path: str) -> dict | None:
-    data = read_bytes(path)
-    if data is None:
-        return None
-    try:
-        doc = json.loads(data.decode("utf-8", "replace"))
-    except ValueError:
-        return {"_unparsed": data.decode("utf-8", "replace")[:2000]}
-    return doc if isinstance(doc, dict) else {"_value": doc}
-
-
-def read_int(path: str) -> int | None:
-    data = read_bytes(path, 64)
-    try:
-        return int(data.strip()) if data else None
-    except ValueError:
-        return None
 
 
 def proc_stat(pid: int) -> dict | None:
@@ -141,11 +110,7 @@ def run_alive(pid: int | None, run_id: str) -> bool:
 def live_groups() -> dict:
     """pgid -> pids of the live (not defunct) processes in it: one pass over /proc/*/stat."""
     groups: dict = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return groups
-    for name in names:
+    for name in _listdir("/proc"):
         if name.isdigit():
             st = proc_stat(int(name))
             if st is not None and st["state"] not in ("Z", "X"):
@@ -163,3 +128,20 @@ def group_alive(pgid: int | None, run_id: str, cache: dict | None = None) -> boo
     if "groups" not in cache:
         cache["groups"] = live_groups()
     return any(proc_marker(pid) == run_id for pid in cache["groups"].get(pgid, ()))
+
+
+def group_live(pgid: int) -> bool:
+    """Some process of group pgid is alive (defunct members count as gone)."""
+    for name in _listdir("/proc"):
+        if name.isdigit():
+            st = proc_stat(int(name))
+            if st is not None and st["pgid"] == pgid and st["state"] not in ("Z", "X"):
+                return True
+    return False
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []

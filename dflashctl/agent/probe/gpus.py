@@ -1,4 +1,4 @@
-"""Probe piece: GPU samples, NVML when importable and working, else nvidia-smi CSV, else none."""
+"""The probe's GPU samples, NVML when importable and working, else nvidia-smi CSV, else none."""
 
 from __future__ import annotations
 

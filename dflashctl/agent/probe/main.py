@@ -1,19 +1,23 @@
-"""Probe piece: arguments, one framed JSON report per line, and the --watch loop."""
+"""The probe (the program): arguments, one framed report per line (`lib/frame.py`), and the --watch loop.
+
+Everything it imports from dflashctl.agent is pasted into it as it travels (remote/scripts.py); the laptop
+side is dflashctl/remote/probe.py."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
 import time
 
-from .gpus import gpu_report  # probe:strip
-from .logtail import read_log  # probe:strip
-from .procs import host_gpu_procs, scan_procs  # probe:strip
-from .runstate import list_runs, resolve_run, run_ids, run_state  # probe:strip
-from .util import FRAME, PROBE_VERSION  # probe:strip
+from dflashctl.agent.lib.frame import reply
+from dflashctl.agent.lib.runstate import list_runs, resolve_run, run_ids, run_state
+from dflashctl.agent.probe.gpus import gpu_report
+from dflashctl.agent.probe.logtail import read_log
+from dflashctl.agent.probe.procs import host_gpu_procs, scan_procs
+
+PROBE_VERSION = 1  # the report's own version (its fields are the contract with `status`)
 
 
 def parse_args(argv: list) -> argparse.Namespace:
@@ -68,11 +72,6 @@ def report(args: argparse.Namespace, offset, inode) -> dict:
     return doc
 
 
-def emit(doc: dict) -> None:
-    sys.stdout.write(FRAME + json.dumps(doc, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
-
-
 def main(argv: list) -> int:
     args = parse_args(argv)
     offset, inode = args.log_offset, args.log_inode
@@ -80,7 +79,7 @@ def main(argv: list) -> int:
         while True:
             started = time.time()
             doc = report(args, offset, inode)
-            emit(doc)
+            reply(doc)
             if not args.watch:
                 return 0
             log = doc.get("log")

@@ -1,0 +1,60 @@
+"""`hosts check`, the container side: the python, nvidia-smi, whether the workspace is writable, free disk.
+
+One report (lib/frame.py) judged on the laptop by dflashctl/commands/hosts.py. Runs under any Python 3 (no
+f-strings, no annotations): its job is to report an interpreter too old for the rest, not to fail on one.
+Argument: the workspace.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from dflashctl.agent.lib.frame import reply
+
+
+def nvidia_smi():
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        p = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"path": smi, "code": -1, "message": str(e), "gpus": []}
+    lines = (p.stdout + p.stderr).strip().splitlines()
+    return {"path": smi, "code": p.returncode, "message": lines[-1] if lines else "",
+            "gpus": [ln for ln in p.stdout.splitlines() if ln.startswith("GPU ")]}
+
+
+def workspace_writable(ws):
+    try:
+        os.makedirs(ws, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=ws, prefix=".dflashctl-check-")
+        os.write(fd, b"ok")
+        os.close(fd)
+        os.unlink(tmp)
+        return {"writable": True}
+    except OSError as e:
+        return {"writable": False, "error": str(e.strerror or e) + ": " + str(e.filename or ws)}
+
+
+def disk(ws):
+    path = ws
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        u = shutil.disk_usage(path)
+    except OSError as e:
+        return {"error": str(e)}
+    return {"free_bytes": u.free, "total_bytes": u.total, "path": path}
+
+
+def main(argv):
+    ws = argv[0]
+    return reply({"python": ".".join(map(str, sys.version_info[:3])), "executable": sys.executable,
+                  "nvidia_smi": nvidia_smi(), "workspace": workspace_writable(ws), "disk": disk(ws)})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
