@@ -31,31 +31,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def cuda_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def unavailable_devices(devices: list[str]) -> list[str]:
-    """`cuda:N` entries this machine does not have: a one-line error before minutes of model loading, not a
-    CUDA traceback from deep inside it."""
-    count = cuda_count() if any(d.startswith("cuda") for d in devices) else 0
-    return sorted({d for d in devices if d.startswith("cuda") and int(d.partition(":")[2] or 0) >= count})
-
-
-def device_problem(devices: list[str]) -> str | None:
-    """What is wrong with a device list given on a command line (a bad name, or a GPU this machine lacks), as one
-    line; None when every device is usable. For the CLIs whose devices bypass the config's validation."""
-    for d in devices:
-        if not (d in ("cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())):
-            return f"bad device {d!r} (cpu, cuda or cuda:N)"
-    missing = unavailable_devices(devices)
-    if missing:
-        return f"devices not available on this machine: {', '.join(missing)} ({cuda_count()} CUDA devices visible)"
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from trainer.config import ConfigError, load_config  # no torch import: a bad config fails in milliseconds
@@ -82,15 +57,15 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-    from trainer.datagen import DataError
+    from trainer.dataset import DataError
+    from trainer.devices import device_problem
     from trainer.eval import EvalError
     from trainer.hf_config import HFConfigError
     from trainer.pipeline import Trainer
 
-    missing = unavailable_devices(list(cfg.devices.target) + list(cfg.devices.drafters))
-    if missing:
-        print(f"trainer: error: devices not available on this machine: {', '.join(missing)} "
-              f"({cuda_count()} CUDA devices visible)", file=sys.stderr, flush=True)
+    problem = device_problem(list(cfg.devices.target) + list(cfg.devices.drafters))
+    if problem:
+        print(f"trainer: error: {problem}", file=sys.stderr, flush=True)
         return 2
     try:
         trainer = Trainer(cfg, run_dir, resume=args.resume)

@@ -8,21 +8,12 @@ the uniform log(V) within a tiny run. Batches are a pure function of (seed, step
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-from torch import Tensor
 
 from trainer.config import DataConfig
+from trainer.dataset import Batch
 
 EXACT_CHAIN_MAX_VOCAB = 8192
-
-
-@dataclass(frozen=True)
-class Batch:
-    step: int
-    ids: Tensor  # [N, T] long
-    anchors: Tensor  # [N, A] long, sorted, in [prompt_len, T - Bs]
 
 
 class MarkovData:

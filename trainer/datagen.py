@@ -1,21 +1,13 @@
 """Target-generated training data: the target answers every prompt; the drafter learns to predict those answers.
 
 `python -m trainer.data generate --target DIR --prompts FILE.jsonl --out DIR` (also `python -m trainer.datagen`).
-Each JSONL line holds `prompt` (text), `messages` (chat turns; a trailing assistant turn is dropped, the target
-writes its own) or `ids` (token ids, for targets without a tokenizer). With a chat template the prompt is
-rendered through it; without one, `prompt` is tokenized as is and `messages` as `role: content` lines.
-
-Output: `meta.json` (settings + counts) and `shard-NNNNN.pt` files, each holding `shard_size` consecutive
-prompts: flat token ids (prompt + response), per-sample offsets and the prompt length — the prompt/response
-boundary, so training anchors come from responses only. A shard is written atomically when complete, so an
-interrupted run resumes at the first missing shard; sampling is seeded per shard, so resumed output is the same.
-`GeneratedData` reads a directory back as fixed-shape `Batch`es, a drop-in for `MarkovData`.
+The prompt file's format is trainer/prompt_file.py's, the output directory's trainer/dataset.py's. Rerunning the
+same command resumes at the first missing shard; sampling is seeded per shard, so resumed output is the same.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import sys
@@ -25,70 +17,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
-from torch import Tensor
 
 from trainer.checkpoint import atomic_write_bytes
-from trainer.data import Batch
-from trainer.hf_config import read_json_object
-
-FORMAT = 1
-
-
-class DataError(Exception):
-    """Bad prompt file, bad or mismatched data directory; the message names the file (and line)."""
-
-
-# ---- prompts -----------------------------------------------------------------------------------------------
-def load_prompts(path: str | Path) -> list[dict[str, Any]]:
-    """Parse and check a prompt file; every problem names `file:line`."""
-    path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
-    records = []
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{no}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: invalid JSON ({e.msg})") from None
-        if not isinstance(rec, dict):
-            raise DataError(f"{where}: expected a JSON object")
-        if isinstance(rec.get("prompt"), str) and rec["prompt"]:
-            pass
-        elif isinstance(rec.get("messages"), list) and rec["messages"]:
-            for m in rec["messages"]:
-                if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                    raise DataError(f"{where}: each message needs string 'role' and 'content'")
-        elif isinstance(rec.get("ids"), list) and rec["ids"] and all(isinstance(i, int) for i in rec["ids"]):
-            pass
-        else:
-            raise DataError(f"{where}: needs a non-empty 'prompt' string, 'messages' list or 'ids' list")
-        records.append(rec)
-    if not records:
-        raise DataError(f"{path}: no prompts")
-    return records
-
-
-def encode_prompt(tokenizer: Any, rec: dict[str, Any]) -> list[int]:
-    """Token ids of one prompt, ready for the target to continue (chat template when the tokenizer has one)."""
-    if "ids" in rec and "prompt" not in rec and "messages" not in rec:
-        return [int(i) for i in rec["ids"]]
-    if tokenizer is None:
-        raise DataError("text prompts need a tokenizer (this target has none); give 'ids' instead")
-    messages = rec.get("messages") or [{"role": "user", "content": rec["prompt"]}]
-    while messages and messages[-1]["role"] == "assistant":
-        messages = messages[:-1]  # the target writes the answer itself
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    if "prompt" in rec:
-        return list(tokenizer(rec["prompt"])["input_ids"])
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-    return list(tokenizer(text)["input_ids"])
+from trainer.dataset import FORMAT, DataError, shard_path, summarize, write_shard
+from trainer.devices import device_problem, parse_devices
+from trainer.prompt_file import encode_prompt, load_prompts
 
 
 # ---- progress ----------------------------------------------------------------------------------------------
@@ -140,10 +73,6 @@ class GenSettings:
         if self.sample:
             k |= {"temperature": self.temperature, "top_p": self.top_p}
         return k
-
-
-def shard_path(out: Path, index: int) -> Path:
-    return out / f"shard-{index:05d}.pt"
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -226,7 +155,7 @@ def generate_dataset(target_path: str, prompts_path: str | Path, out: str | Path
             for p, (resp, eos) in zip(chunk, generate_batch(model, chunk, settings, eos_ids, pad_id), strict=True):
                 samples.append((p, resp, eos))
             bar.update(len(chunk))
-        _write_shard(shard_path(out, k), list(range(lo, hi)), samples)
+        write_shard(shard_path(out, k), list(range(lo, hi)), samples)
     bar.close()
     meta["summary"] = summarize(out)
     atomic_write_bytes(out / "meta.json", json.dumps(meta, indent=1).encode())
@@ -249,126 +178,7 @@ def _check_resume(out: Path, meta: dict[str, Any]) -> None:
                             "use a new --out to start over")
 
 
-def _write_shard(path: Path, indices: list[int], samples: list[tuple[list[int], list[int], bool]]) -> None:
-    flat = [t for p, r, _ in samples for t in p + r]
-    lengths = [len(p) + len(r) for p, r, _ in samples]
-    state = {"indices": torch.tensor(indices, dtype=torch.long),
-             "prompt_lens": torch.tensor([len(p) for p, _, _ in samples], dtype=torch.long),
-             "lengths": torch.tensor(lengths, dtype=torch.long),
-             "eos": torch.tensor([e for _, _, e in samples], dtype=torch.bool),
-             "ids": torch.tensor(flat, dtype=torch.int32)}
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    atomic_write_bytes(path, buf.getvalue())
-
-
-# ---- reading back ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Sample:
-    index: int
-    ids: Tensor  # [L] int32 (a view into its shard): prompt + response
-    prompt_len: int
-    eos: bool
-
-
-def read_samples(data_dir: str | Path) -> list[Sample]:
-    """Every stored sample, in prompt order."""
-    data_dir = Path(data_dir)
-    if not (data_dir / "meta.json").exists():
-        raise DataError(f"{data_dir}: not a generated data directory (no meta.json)")
-    samples = []
-    for path in sorted(data_dir.glob("shard-*.pt")):
-        try:
-            st = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # a torn or foreign file: say which
-            raise DataError(f"{path}: cannot load ({(str(e).strip().splitlines() or ['?'])[0]})") from None
-        ends = st["lengths"].cumsum(0).tolist()
-        starts = [0] + ends[:-1]
-        for j, (a, b) in enumerate(zip(starts, ends, strict=True)):
-            samples.append(Sample(int(st["indices"][j]), st["ids"][a:b], int(st["prompt_lens"][j]),
-                                  bool(st["eos"][j])))
-    return sorted(samples, key=lambda s: s.index)
-
-
-def read_meta(data_dir: str | Path) -> dict[str, Any]:
-    return read_json_object(Path(data_dir) / "meta.json", DataError,
-                            missing=f"{data_dir}: not a generated data directory (no meta.json)")
-
-
-def summarize(data_dir: str | Path) -> dict[str, Any]:
-    samples = read_samples(data_dir)
-    resp = [len(s.ids) - s.prompt_len for s in samples]
-    return {"samples": len(samples), "response_tokens": sum(resp),
-            "mean_response_tokens": round(sum(resp) / max(1, len(resp)), 1),
-            "ended_with_eos": sum(s.eos for s in samples)}
-
-
-def window(length: int, prompt_len: int, seq_len: int) -> tuple[int, int]:
-    """(start, prompt_len inside the window) of the `seq_len` tokens used for training: as much response as fits,
-    with at least a quarter window of prompt before it when the prompt is that long."""
-    start = max(0, min(prompt_len - seq_len // 4, length - seq_len))
-    return start, prompt_len - start
-
-
-class GeneratedData:
-    """Batches from a generated directory, same shapes as `MarkovData.batch`: ids [N, seq_len], anchors [N, A]
-    drawn from response positions only (whole block inside the real tokens). A pure function of (seed, step)."""
-
-    def __init__(self, data_dir: str | Path, seq_len: int, block_size: int, num_anchors: int, seed: int,
-                 vocab_size: int = 0) -> None:
-        """`vocab_size`: the training target's; data generated by a target with a larger vocabulary is refused
-        here, in one line, rather than as an embedding index error inside the coordinator thread."""
-        self.seq_len, self.block_size, self.num_anchors, self.seed = seq_len, block_size, num_anchors, seed
-        meta = read_meta(data_dir)
-        if vocab_size and int(meta.get("vocab_size") or 0) > vocab_size:
-            raise DataError(f"{data_dir}: generated by a target with vocab_size {meta['vocab_size']} > this "
-                            f"target's {vocab_size} ({meta.get('target', '?')})")
-        self.pad_id = int(meta.get("pad_token_id") or 0)
-        self.rows: list[tuple[Tensor, int, int]] = []  # (ids in window, first anchor, last anchor)
-        for s in read_samples(data_dir):
-            start, p = window(len(s.ids), s.prompt_len, seq_len)
-            ids = s.ids[start:start + seq_len]
-            lo, hi = p, len(ids) - block_size
-            if hi >= lo:
-                self.rows.append((ids, lo, hi))
-        if not self.rows:
-            raise DataError(f"{data_dir}: no sample has a response of at least block_size={block_size} tokens")
-        self._perms: dict[int, Tensor] = {}
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def _order(self, epoch: int) -> Tensor:
-        if epoch not in self._perms:
-            gen = torch.Generator().manual_seed(self.seed * 7919 + epoch)
-            self._perms = {epoch: torch.randperm(len(self.rows), generator=gen)}
-        return self._perms[epoch]
-
-    def batch(self, step: int, n_seqs: int) -> Batch:
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        ids = torch.full((n_seqs, self.seq_len), self.pad_id, dtype=torch.long)
-        anchors = torch.empty((n_seqs, self.num_anchors), dtype=torch.long)
-        for j in range(n_seqs):
-            pos = step * n_seqs + j
-            row, lo, hi = self.rows[int(self._order(pos // len(self.rows))[pos % len(self.rows)])]
-            ids[j, : len(row)] = row
-            room = hi - lo + 1
-            if room >= self.num_anchors:
-                pick = torch.randperm(room, generator=gen)[: self.num_anchors]
-            else:  # short response: repeat anchors rather than reach into the prompt
-                pick = torch.randint(0, room, (self.num_anchors,), generator=gen)
-            anchors[j] = pick.sort().values + lo
-        return Batch(step=step, ids=ids, anchors=anchors)
-
-
 # ---- command line -----------------------------------------------------------------------------------------
-def _devices(text: str) -> list[str]:
-    if text == "auto":
-        n = torch.cuda.device_count()
-        return [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
-    return [d.strip() for d in text.split(",") if d.strip()]
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m trainer.data generate",
                                 description="Generate training data: the target answers each prompt.")
@@ -403,9 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     settings = GenSettings(args.max_new_tokens, args.sample, args.temperature, args.top_p, args.seed,
                            args.shard_size, args.batch_size)
-    from trainer.__main__ import device_problem
-
-    devices = _devices(args.devices)
+    devices = parse_devices(args.devices)
     problem = device_problem(devices) if devices else "--devices names no device"
     if problem:  # before the checkpoint loads: not a CUDA traceback from deep inside it
         print(f"generate: error: {problem}", file=sys.stderr)

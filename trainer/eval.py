@@ -190,7 +190,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 def check_devices(devices: list[str]) -> None:
     """A bad or missing device is one line before any model loads (otherwise: a CUDA assertion traceback, or an
     'invalid device ordinal' RuntimeError reported as weights that do not fit)."""
-    from trainer.__main__ import device_problem
+    from trainer.devices import device_problem
 
     problem = device_problem(devices)
     if problem:
@@ -215,7 +215,8 @@ def build_for_eval(cfg: Any, device: str, drafter_state: dict[str, Any] | None) 
 
 def load_eval_prompts(source: str | Path, tokenizer: Any, limit: int = 0) -> list[list[int]]:
     """Token ids from a prompt JSONL (through the chat template) or the prompts of a generated data dir."""
-    from trainer.datagen import DataError, encode_prompt, load_prompts, read_samples
+    from trainer.dataset import DataError, read_samples
+    from trainer.prompt_file import encode_prompt, load_prompts
 
     source = Path(source)
     try:

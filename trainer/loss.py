@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -46,12 +44,3 @@ def dflash_loss(logits: Tensor, labels: Tensor, weights: Tensor) -> tuple[Tensor
     acc_len = 1.0 + correct.long().cumprod(-1).sum(-1).float().mean()
     return loss, acc, acc_len
 
-
-def default_gamma(block_size: int) -> float:
-    """DFlash uses gamma = 7 for Bs = 16; scale with the block."""
-    return 7.0 * block_size / 16
-
-
-def uniform_loss(vocab_size: int) -> float:
-    """Loss of a uniform guess — where a fresh drafter starts, what 'the loss falls' is measured against."""
-    return math.log(vocab_size)

@@ -29,7 +29,7 @@ from trainer.compile import (
 )
 from trainer.config import Config, TrainConfig
 from trainer.data import MarkovData
-from trainer.datagen import GeneratedData
+from trainer.dataset import GeneratedData
 from trainer.eval import PeriodicEval
 from trainer.hf import build_target
 from trainer.loss import block_inputs, position_weights

@@ -83,10 +83,6 @@ class Supervisor:
         with self.lock:
             return [{"name": t.name, "state": t.state, "step": t.step} for t in self.threads.values()]
 
-    def alive_drafters(self) -> list[str]:
-        with self.lock:
-            return [n for n, t in self.threads.items() if n.startswith("drafter-") and t.state in (STARTING, RUNNING)]
-
     def record_crash(self, name: str, exc_type: type[BaseException], exc: BaseException | None, tb: Any) -> None:
         """Write errors/<thread>.json (atomically) and decide whether the run must abort."""
         text = "".join(traceback.format_exception(exc_type, exc, tb))

@@ -114,7 +114,7 @@ def test_cli_generated_data_dir_that_is_not_one_is_one_line(tiny_qwen3, tmp_path
 
 
 def test_data_from_a_larger_vocabulary_target_is_refused(tmp_path):
-    from trainer.datagen import DataError, GeneratedData
+    from trainer.dataset import DataError, GeneratedData
 
     (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 151936, "target": "/models/Qwen3-8B"}))
     with pytest.raises(DataError, match="vocab_size 151936 > this target's 385"):

@@ -1,0 +1,66 @@
+"""Prompt files: the JSONL a data set is generated from (and `trainer.eval` decodes), and each prompt's token ids.
+
+Each line holds `prompt` (text), `messages` (chat turns; a trailing assistant turn is dropped, the target writes
+its own) or `ids` (token ids, for targets without a tokenizer). With a chat template the prompt is rendered through
+it; without one, `prompt` is tokenized as is and `messages` as `role: content` lines.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainer.dataset import DataError
+
+
+def load_prompts(path: str | Path) -> list[dict[str, Any]]:
+    """Parse and check a prompt file; every problem names `file:line`."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    records = []
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{no}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: invalid JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{where}: expected a JSON object")
+        if isinstance(rec.get("prompt"), str) and rec["prompt"]:
+            pass
+        elif isinstance(rec.get("messages"), list) and rec["messages"]:
+            for m in rec["messages"]:
+                if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                    raise DataError(f"{where}: each message needs string 'role' and 'content'")
+        elif isinstance(rec.get("ids"), list) and rec["ids"] and all(isinstance(i, int) for i in rec["ids"]):
+            pass
+        else:
+            raise DataError(f"{where}: needs a non-empty 'prompt' string, 'messages' list or 'ids' list")
+        records.append(rec)
+    if not records:
+        raise DataError(f"{path}: no prompts")
+    return records
+
+
+def encode_prompt(tokenizer: Any, rec: dict[str, Any]) -> list[int]:
+    """Token ids of one prompt, ready for the target to continue (chat template when the tokenizer has one)."""
+    if "ids" in rec and "prompt" not in rec and "messages" not in rec:
+        return [int(i) for i in rec["ids"]]
+    if tokenizer is None:
+        raise DataError("text prompts need a tokenizer (this target has none); give 'ids' instead")
+    messages = rec.get("messages") or [{"role": "user", "content": rec["prompt"]}]
+    while messages and messages[-1]["role"] == "assistant":
+        messages = messages[:-1]  # the target writes the answer itself
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if "prompt" in rec:
+        return list(tokenizer(rec["prompt"])["input_ids"])
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    return list(tokenizer(text)["input_ids"])
