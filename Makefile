@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Most tests wait on processes and sshd, not on a core: more workers than the 2 cores CI has.
+TEST_WORKERS ?= 4
 
 .PHONY: demo test lint sshd-deps bench clean
 
@@ -25,8 +27,10 @@ sshd-deps:
 
 test: $(STAMP) sshd-deps
 	$(VENV)/bin/ruff check dflashctl trainer tests benchmarks
-	@# As root the sshd tests must run: a missing sshd is then a failure, not a skip.
-	if [ "$$(id -u)" = 0 ]; then export DFLASHCTL_REQUIRE_SSHD=1; fi; $(PY) -m pytest -p no:cacheprovider
+	@# As root the sshd tests must run: a missing sshd is then a failure, not a skip. The Hugging Face
+	@# suite must run too (its stack was installed above). Tests are independent: $(TEST_WORKERS) processes.
+	if [ "$$(id -u)" = 0 ]; then export DFLASHCTL_REQUIRE_SSHD=1; fi; export DFLASHCTL_REQUIRE_HF=1; \
+	  $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS)
 
 demo: $(STAMP)
 	@bash scripts/demo.sh

@@ -63,7 +63,21 @@ class Host:
 
 
 class Verdict(StrEnum):
-    """One verdict per run (DESIGN §5). Values are the JSON contract."""
+    """One verdict per run (DESIGN §5). Values are the JSON contract.
+
+    Ordered as DESIGN §5 lists them (SkyPilot's JobStatus is the model): the live states first, in the order a
+    run passes through them and then by how much they need a person, then the ended ones. So every live
+    verdict sorts before every ended one, and among live runs `max()` is the one that most needs attention.
+
+    - STARTING: alive, no training step yet (loading, compiling); a run whose launcher has not written its pid.
+    - TRAINING: alive and stepping (a job — eval, generate — alive: it logs no steps).
+    - DEGRADED: alive, but a worker (drafter thread, rank) has crashed: training goes on with fewer (exit 105).
+    - STALLED: alive, no new step for the stall window, or the GPUs show a hang (exit 104).
+    - CRASHED: ended with a non-zero exit code, or gone after an uncaught exception (exit 100).
+    - FINISHED: ended, exit code 0 (or the trainer's `training finished` line, offline).
+    - STOPPED: `dflashctl stop` ended it (the marker is written before the first signal) (exit 103).
+    - LOST: gone, and nothing recorded how: killed outright, or the host rebooted (exit 100).
+    """
 
     STARTING = "starting"
     TRAINING = "training"
@@ -80,9 +94,40 @@ class Verdict(StrEnum):
 
     @property
     def is_terminal(self) -> bool:
-        return self in (Verdict.CRASHED, Verdict.FINISHED, Verdict.STOPPED, Verdict.LOST)
+        """Nothing more will happen to the run."""
+        return self._rank >= _RANK[Verdict.CRASHED]
+
+    @property
+    def is_failure(self) -> bool:
+        """What `status --exit-on-failure` stops on, and what a summary counts as failed."""
+        return self in (Verdict.DEGRADED, Verdict.STALLED, Verdict.CRASHED, Verdict.LOST)
+
+    @property
+    def _rank(self) -> int:
+        return _RANK[self]
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Verdict):
+            return NotImplemented
+        return self._rank < other._rank
+
+    def __le__(self, other: object) -> bool:
+        if not isinstance(other, Verdict):
+            return NotImplemented
+        return self._rank <= other._rank
+
+    def __gt__(self, other: object) -> bool:
+        if not isinstance(other, Verdict):
+            return NotImplemented
+        return self._rank > other._rank
+
+    def __ge__(self, other: object) -> bool:
+        if not isinstance(other, Verdict):
+            return NotImplemented
+        return self._rank >= other._rank
 
 
+_RANK = {v: i for i, v in enumerate(Verdict)}
 _VERDICT_EXIT = {
     Verdict.STARTING: 0,
     Verdict.TRAINING: 0,

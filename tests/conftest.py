@@ -18,6 +18,41 @@ from harness.sshd import SshdServer, why_sshd_cannot_run  # noqa: E402
 SSHD_FIXTURES = {"sshd_server", "pve"}
 
 
+HF_SUITE = Path(__file__).resolve().parent / "trainer_hf"
+
+
+def _hf_required() -> bool:
+    """make test installs the Hugging Face stack: there its suite must run, so a skip in it is a failure."""
+    return os.environ.get("DFLASHCTL_REQUIRE_HF") == "1"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _hf_required():
+        try:
+            import transformers  # noqa: F401
+        except ImportError as e:
+            raise pytest.UsageError(f"DFLASHCTL_REQUIRE_HF=1 but transformers cannot be imported ({e}): "
+                                    "install the extras with `pip install -e '.[hf]'` (make test does)") from e
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and _hf_required() and HF_SUITE in Path(item.path).resolve().parents:
+        report.outcome = "failed"
+        report.longrepr = f"skipped under DFLASHCTL_REQUIRE_HF=1 (the Hugging Face suite must run): {report.longrepr}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and _hf_required() and HF_SUITE in Path(collector.path).resolve().parents:
+        report.outcome = "failed"
+        report.longrepr = f"skipped under DFLASHCTL_REQUIRE_HF=1 (the Hugging Face suite must run): {report.longrepr}"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that use the real sshd carry the `sshd` marker (select with -m sshd)."""
     for item in items:

@@ -245,3 +245,24 @@ def sweeps(samples: Sequence[GpuSample]) -> list[tuple[GpuSample, ...]]:
         out[-1].append(s)
         seen.add(s.index)
     return [tuple(x) for x in out]
+
+
+def from_probe(report: Mapping[str, Any] | None, now: float | None = None,
+               ) -> tuple[tuple[GpuSample, ...] | None, str | None]:
+    """The readings in one probe report's `gpus` field (NVML records, or nvidia-smi CSV in PROBE_FIELDS order),
+    or why there are none: the one reading of it that `status`, `stop` and `launch` share."""
+    g = report or {}
+    try:
+        if g.get("source") == "nvml":
+            return from_nvml(g.get("nvml") or [], now), g.get("error")
+        if g.get("source") == "nvidia-smi" and g.get("smi_csv") is not None:
+            return parse_query_csv(g["smi_csv"], PROBE_FIELDS).samples, g.get("error")
+    except GpuParseError as e:
+        return None, str(e)
+    return None, g.get("error")
+
+
+def memory_by_index(report: Mapping[str, Any] | None) -> dict[int, float]:
+    """GPU index → memory used (MiB) in a probe report's `gpus` field; {} when unreadable."""
+    samples, _ = from_probe(report)
+    return {s.index: s.memory_used_mib for s in samples or () if s.memory_used_mib is not None}

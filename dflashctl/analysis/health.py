@@ -13,6 +13,7 @@ from typing import Any
 
 from dflashctl.analysis import signatures
 from dflashctl.analysis.logscan import LogReport, Traceback, scan
+from dflashctl.analysis.verdict import ProcessState, recorded_end
 from dflashctl.model import GpuFinding, GpuProcess, GpuSample, SignatureHit, ThreadState, Verdict
 
 
@@ -27,18 +28,6 @@ class Thresholds:
     startup_grace_s: float = 1200.0  # alive, no first step after this long → stalled (compiling takes minutes)
     hang_util_pct: float = 90.0  # NCCL hang shape: utilisation this high ...
     hang_power_w: float = 150.0  # ... at a power draw this low (a spinning wait kernel, no math)
-
-
-@dataclass(frozen=True)
-class ProcessState:
-    """What is known about the run's process. alive=None: unknown (offline diagnose of copied files)."""
-
-    alive: bool | None = None
-    exit_code: int | None = None
-    stopped: bool = False  # stopped by the user (`dflashctl stop`)
-    started_at: float | None = None
-    ending: bool = False  # alive, but the trainer has exited: its supervisor is reaping the group (probe `ending`)
-    job: str | None = None  # a run that is not training (eval, generate): what it does; it logs no training steps
 
 
 @dataclass(frozen=True)
@@ -293,18 +282,13 @@ def judge(ev: Evidence, thresholds: Thresholds = Thresholds()) -> Health:
     reasons: list[str] = []
     crashed_names = ", ".join(x.name for x in crashed)
 
-    if proc.stopped:
-        verdict = Verdict.STOPPED
-        reasons.append("stopped by the user")
+    end = recorded_end(proc)
+    if end is not None:
+        verdict = end[0]
+        reasons.append(end[1] + (f"; crashed workers: {crashed_names}"
+                                 if crashed and verdict == Verdict.CRASHED else ""))
     elif proc.alive is False:
-        if proc.exit_code == 0:
-            verdict = Verdict.FINISHED
-            reasons.append("exited 0")
-        elif proc.exit_code is not None:
-            verdict = Verdict.CRASHED
-            reasons.append(f"exited with code {proc.exit_code}" + (f"; crashed workers: {crashed_names}"
-                                                                    if crashed else ""))
-        elif final_tb is not None:
+        if final_tb is not None:
             verdict = Verdict.CRASHED
             reasons.append(f"process gone after an uncaught {final_tb.exc_type}")
         elif crashed:
@@ -394,40 +378,3 @@ def _ranges(indices: Sequence[int]) -> str:
         parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
         i = j + 1
     return ",".join(parts)
-
-
-# -- the record (--json and the table are both built from this) -------------------------------------------
-
-
-def progress_record(values: Mapping[str, float]) -> dict[str, Any] | None:
-    """The `progress` record of `status --json` and `diagnose --json` alike: the latest values as the log gave them
-    (step, total, loss, grad_norm, lr, tok/s, it/s, eta_s, epoch, acc_len …), step and total as integers."""
-    if not values:
-        return None
-    return {k: int(v) if k in ("step", "total") and float(v).is_integer() else v for k, v in values.items()}
-
-
-def to_record(h: Health) -> dict[str, Any]:
-    """The `diagnose --json` contract (issue 4); `status --json` adds run and host fields around it."""
-    return {
-        "verdict": str(h.verdict),
-        "final_exception": h.final_exception,
-        "root_cause": h.root_cause,
-        "progress": progress_record(h.progress),
-        "threads": [
-            {"name": t.name, "state": t.state, "exception": t.exception, "message": t.message,
-             "traceback": t.traceback}
-            for t in h.threads
-        ],
-        "signatures": [
-            {"id": x.signature.id, "summary": x.signature.summary, "remedy": x.signature.remedy,
-             "evidence": {"line": x.line, "text": x.text}}
-            for x in h.hits
-        ],
-        "gpus": [
-            {"index": int(g.sample.index), "memory_used_mib": g.sample.memory_used_mib,
-             "memory_total_mib": g.sample.memory_total_mib, "utilization_pct": g.sample.utilization_pct,
-             "finding": str(g.finding) if g.finding is not None else None}
-            for g in h.gpus
-        ],
-    }

@@ -159,3 +159,16 @@ def parse_progress(text: str, line: int, user: re.Pattern[str] | None = None) ->
     if "loss" not in values and not ("step" in values and len(values) > 1):
         return None
     return ProgressPoint(line=line, values=values, kind="eval" if _EVAL_RE.match(text) else "train")
+
+
+_STEP_FIRST = re.compile(r"\s*(?:step|iter)\b", re.IGNORECASE)
+
+
+def is_training_step(line: str) -> bool:
+    """A line saying a training step happened (what `launch --wait-for step` waits for): a progress line with a loss,
+    or one that starts with its step (`step=12 …`, `iter 100: …`). `resume: continuing from checkpoint step=285` and
+    `eval step=100 …` name a step but are not one."""
+    point = parse_progress(line, 0)
+    if point is None or point.kind != "train":
+        return False
+    return "loss" in point.values or ("step" in point.values and bool(_STEP_FIRST.match(line)))

@@ -1,7 +1,10 @@
 """The typer app: parse, call one function in commands/, render, return an exit code. No logic.
 
-Each verb group registers itself from its own module (hosts.py, runs.py, status.py); this module
-is the boundary that turns a DflashError into one line on stderr and its documented exit code.
+Each verb group registers itself from its own module (hosts.py, deploy.py, launch.py, runs.py, status.py); this
+module is the boundary that turns a DflashError into one line on stderr and its documented exit code.
+
+Shell completion is typer's: `--show-completion` prints the script for the shell it detects (shellingham: the
+parent processes), `--install-completion` writes it into that shell's startup file.
 """
 
 from __future__ import annotations
@@ -13,31 +16,22 @@ from typer._click.exceptions import NoArgsIsHelpError
 from typer.exceptions import TyperException
 
 from dflashctl.cli import common
+from dflashctl.cli.app import app
 from dflashctl.errors import DflashError, ExitCode
 
-app = typer.Typer(
-    name="dflashctl",
-    help="Deploy, launch and watch DFlash drafter training inside a Proxmox LXC container.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
-
-
-@app.callback()
-def _root() -> None:
-    """Deploy, launch and watch DFlash drafter training inside a Proxmox LXC container."""
-
-
 # Verb groups register on `app` when imported (each module owns its verbs).
+# The import order is the order of `dflashctl --help`.
+# isort: off
 from dflashctl.cli import hosts as _hosts  # noqa: E402,F401
+from dflashctl.cli import deploy as _deploy  # noqa: E402,F401
+from dflashctl.cli import launch as _launch  # noqa: E402,F401
 from dflashctl.cli import runs as _runs  # noqa: E402,F401
 from dflashctl.cli import status as _status  # noqa: E402,F401
+# isort: on
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The console script: the verb's exit code (DESIGN §5); never a traceback for a DflashError."""
     try:
         rv = app(args=argv, prog_name="dflashctl", standalone_mode=False)
     except DflashError as e:
@@ -55,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, typer.Abort):
         common.error("interrupted")
         return 130
+    except SystemExit as e:  # --show-completion / --install-completion and completion requests end with sys.exit
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 1
     return rv if isinstance(rv, int) else 0
 
 

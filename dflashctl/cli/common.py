@@ -1,9 +1,12 @@
-"""Shared CLI plumbing: the consoles, one-line errors, JSON output, host selection options."""
+"""Shared CLI plumbing: the consoles, one-line errors, JSON output, host selection options, the target."""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +15,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from dflashctl.model import SCHEMA
+from dflashctl.remote import Target, connect
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
+out = partial(console.print, soft_wrap=True)  # plain lines: never re-wrapped at 80 columns when piped
+err = partial(err_console.print, soft_wrap=True)
 
 
 class Exit(Exception):
@@ -48,6 +54,32 @@ JsonOpt = typer.Option(False, "--json", help="print JSON (schema 1) instead of a
 
 def hosts_path(value: Path | None) -> Path | None:
     return value
+
+
+@contextmanager
+def open_target(hosts: Path | None, host: str | None) -> Iterator[Target]:
+    """The host chosen by --hosts/--host, connected, and closed on every path out of the verb."""
+    from dflashctl.config import load_inventory
+
+    target = connect(load_inventory(hosts).get(host))
+    try:
+        yield target
+    finally:
+        target.close()
+
+
+def show(renderable: object, *, to_stderr: bool = False) -> None:
+    """Tables keep whole run ids when piped: rich would squeeze them into 80 columns."""
+    c = err_console if to_stderr else console
+    if c.is_terminal:
+        c.print(renderable)
+        return
+    saved = c.width
+    c.width = 240
+    try:
+        c.print(renderable)
+    finally:
+        c.width = saved
 
 
 def age(seconds: float | None) -> str:

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from dflashctl.cli import app
+from dflashctl.cli.app import app
 from dflashctl.cli.common import Exit, HostsOpt, JsonOpt, console, error, print_json
 from dflashctl.config import Inventory, load_inventory
 from dflashctl.model import Host

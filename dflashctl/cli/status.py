@@ -15,8 +15,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from dflashctl.analysis.health import Health, to_record
-from dflashctl.cli import app
+from dflashctl.analysis.health import Health
+from dflashctl.analysis.records import to_record
+from dflashctl.cli.app import app
 from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, age, console, print_json
 from dflashctl.commands import status as status_cmd
 from dflashctl.errors import ConfigError
@@ -250,9 +251,9 @@ def _status_all(hosts: Path | None, json_: bool) -> None:
     inv = _load_hosts(hosts)
     names = inv.names()
     lines = status_cmd.status_all([inv.get(n) for n in names], connect)
-    code = max((ln.exit_code for ln in lines), default=0)
+    code = status_cmd.all_exit_code(lines)
     if json_:
-        print_json({"hosts": [ln.to_record() for ln in lines], "exit_code": code})
+        print_json(status_cmd.all_record(lines))
         raise Exit(code)
     t = Table(box=None, pad_edge=False, show_edge=False)
     for col in ("host", "run", "verdict", "step", "tok/s", "threads", "GPUs", "note"):

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflashctl.analysis.progress import custom
+from dflashctl.analysis.verdict import ProcessState, process_verdict
 from dflashctl.model import Host, Verdict
 
 RUN_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
-STARTING_GRACE_S = 15.0  # a run with no pid yet is "starting", not "lost", for this long
 JOB_KINDS = ("eval", "generate")  # runs that are not training: no steps to wait for (meta.json `kind`)
 
 
@@ -56,18 +56,16 @@ class RunInfo:
         value = meta.get("started_at_epoch")
         return float(value) if isinstance(value, int | float) else None
 
+    @property
+    def process(self) -> ProcessState:
+        """The run's process as the verdict rules read it (the same record `status` judges)."""
+        return ProcessState(alive=self.alive, exit_code=self.exit_code, stopped=self.stopped,
+                            started_at=self.started_at, ending=self.ending, job=self.kind if self.is_job else None)
+
     def verdict(self, now: float | None = None) -> Verdict:
-        if self.alive:  # an evaluation or data generation logs no steps: running is all there is to say
-            return Verdict.TRAINING if self.last_step is not None or self.is_job else Verdict.STARTING
-        if self.stopped:
-            return Verdict.STOPPED
-        if self.exit_code == 0:
-            return Verdict.FINISHED
-        if self.exit_code is not None:
-            return Verdict.CRASHED
-        if self.pid is None and now is not None and self.started_at and now - self.started_at < STARTING_GRACE_S:
-            return Verdict.STARTING
-        return Verdict.LOST
+        """From process state alone: the one rule of analysis/verdict.py."""
+        return process_verdict(self.process, stepped=self.last_step is not None, pid_known=self.pid is not None,
+                               now=now)
 
     def duration_s(self, now: float) -> float | None:
         if self.started_at is None:

@@ -4,7 +4,7 @@ The run gets a directory like any other (meta.json kind "adopted", `pid`, `train
 process writes), and runs/latest points at it, so `status`, `logs`, `stop` and `kill-zombies` treat it as the
 current run. It carries no DFLASH_RUN_ID marker: its identity is the pid plus the process's start time (clock
 ticks since boot, /proc/PID/stat field 22), the boot time and its argv, recorded now and checked again by every
-reader (probe pieces/runstate.py `liveness`) and before every signal (remote/reaper.py), so a reused pid is
+reader (agent/lib/runstate.py `liveness`) and before every signal (agent/reaper.py), so a reused pid is
 never taken for it. Its exit code is unknown when it ends by itself (it is nobody's child of ours).
 """
 
@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from dflashctl.commands._runs import runs_dir
-from dflashctl.commands.launch import LaunchRefused, program_name, run_slug
+from dflashctl.commands.launch import LaunchRefused
+from dflashctl.commands.program import program_name, run_slug
 from dflashctl.errors import ConfigError, DflashError, ExitCode, NotFound
 from dflashctl.remote import probe, scripts
 from dflashctl.remote.target import Target
@@ -31,6 +33,13 @@ class AdoptResult:
     cwd: str | None
     started_at: str  # when the process started (UTC)
     leads_group: bool  # stop signals its process group (it leads one), else only the pid
+    host: str = ""  # the host's name in hosts.toml
+
+    def to_record(self) -> dict[str, Any]:
+        """`adopt --json`."""
+        return {"host": self.host, "run_id": self.run_id, "run_dir": self.run_dir, "pid": self.pid,
+                "log": self.log_path, "name": self.name, "cmdline": self.cmdline, "cwd": self.cwd,
+                "started_at": self.started_at, "leads_group": self.leads_group}
 
 
 def adopt(target: Target, pid: int, log: str, name: str | None = None) -> AdoptResult:
@@ -89,7 +98,7 @@ def adopt(target: Target, pid: int, log: str, name: str | None = None) -> AdoptR
     if error:
         raise DflashError(f"adopt on {host.name} failed: {res.get('message') or error}", exit_code=ExitCode.CRASHED)
     return AdoptResult(res["run_id"], res["run_dir"], int(res["pid"]), res["log"], name, list(res["cmdline"]),
-                       res.get("cwd"), res["started_at"], res.get("pgid") == pid)
+                       res.get("cwd"), res["started_at"], res.get("pgid") == pid, host.name)
 
 
 def _where(target: Target) -> str:

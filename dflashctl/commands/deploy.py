@@ -3,7 +3,7 @@
 Which directory (first that applies): `--source DIR`, the host's `code_source`, the `trainer`
 package installed with dflashctl. A package directory named `trainer` lands as
 `code/trainer/...` (what `python -m trainer` needs); any other directory's files land directly
-under `code/`. Which files ship and how they are hashed is remote/codetree.py, run on both sides.
+under `code/`. Which files ship and how they are hashed is agent/codetree.py, run on both sides.
 The hash decides: the tree is hashed here and, with the same code, there (the files really on
 disk, not just the recorded hash, so an edit in place is noticed). Equal hashes: nothing is sent.
 Size limits (per file, in all) refuse a tree before anything is read or sent.
@@ -16,12 +16,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import dflashctl
+from dflashctl.agent import codetree
 from dflashctl.config import host_key_error
 from dflashctl.errors import ConfigError, DflashError, ExitCode
 from dflashctl.model import Host
-from dflashctl.remote import codetree, scripts
+from dflashctl.remote import scripts
 from dflashctl.remote.target import Target
 
 MiB = 1024 * 1024
@@ -67,6 +69,12 @@ class CodeState:
     def current(self) -> bool:
         return self.remote_hash == self.local_hash and self.recorded_hash == self.local_hash
 
+    def to_record(self, host: str) -> dict[str, Any]:
+        """`deploy --check --json`."""
+        return {"host": host, "current": self.current, "local_hash": self.local_hash,
+                "remote_hash": self.remote_hash, "recorded_hash": self.recorded_hash, "path": self.remote_path,
+                "source": str(self.source.path) if self.source else None, "files": self.files}
+
 
 @dataclass(frozen=True)
 class DeployResult:
@@ -78,6 +86,12 @@ class DeployResult:
     seconds: float
     previous_hash: str | None = None
     source: Source | None = None
+
+    def to_record(self, host: str) -> dict[str, Any]:
+        """`deploy --json`."""
+        return {"host": host, "changed": self.changed, "hash": self.hash, "files": self.files,
+                "bytes_sent": self.bytes_sent, "path": self.path, "seconds": round(self.seconds, 3),
+                "source": str(self.source.path) if self.source else None}
 
 
 def resolve_source(host: Host | None, source: Path | None = None) -> Source:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dflashctl.commands import launch as launch_cmd
+from dflashctl.commands.waiting import WaitResult
 from dflashctl.errors import DflashError, ExitCode
 from dflashctl.remote.target import Target
 
@@ -33,17 +34,36 @@ class EvalOptions:
     confirm: bool = True  # False: the caller wait()s for the end (launch_cmd.LaunchOptions.confirm)
 
 
-def start(target: Target, opts: EvalOptions, *, say: Callable[[str], None] = lambda _m: None
-          ) -> tuple[launch_cmd.LaunchResult, launch_cmd.EndedRun]:
-    """Start the evaluation run; returns it and the training run it evaluates."""
+@dataclass
+class EvalJob:
+    """An evaluation run and the training run it evaluates; the caller adds the wait and the report once it has them.
+    Both the text and `eval --json` are drawn from it."""
+
+    run: launch_cmd.LaunchResult
+    evaluates: launch_cmd.EndedRun
+    wait: WaitResult | None = None
+    report: dict[str, Any] | None = None  # eval.json, once the run wrote it
+
+    def to_record(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {"host": self.run.host, "run_id": self.run.run_id, "run_dir": self.run.run_dir,
+                               "evaluated": self.evaluates.id}
+        if self.report is not None:
+            rec["report"] = self.report
+        if self.wait is not None:
+            rec["wait"] = self.wait.to_record(job=True)
+        return rec
+
+
+def start(target: Target, opts: EvalOptions, *, say: Callable[[str], None] = lambda _m: None) -> EvalJob:
+    """Start the evaluation run; returns it with the training run it evaluates."""
     src = launch_cmd.ended_run(target, opts.run, "evaluate it")
     checkpoint = [] if opts.untrained else ["--checkpoint", src.dir]
-    return launch_cmd.launch(target, launch_cmd.LaunchOptions(
+    return EvalJob(launch_cmd.launch(target, launch_cmd.LaunchOptions(
         name=f"eval-{src.name}", module=MODULE, container_config=src.config_path, source=opts.source,
         kill_zombies=opts.kill_zombies, confirm=opts.confirm,
         meta={"kind": "eval", "evaluates": src.id, "untrained": opts.untrained, "job": f"evaluating run {src.id}"},
         extra=[*checkpoint, "--prompts", opts.prompts, *(opts.extra or [])],
-    ), say=say), src
+    ), say=say), src)
 
 
 def report(target: Target, run_dir: str) -> dict[str, Any]:

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from dflashctl.commands import launch as launch_cmd
-from dflashctl.commands.launch import run_slug
+from dflashctl.commands.program import run_slug
+from dflashctl.commands.waiting import WaitResult
 from dflashctl.errors import ConfigError
 from dflashctl.remote.target import Target
 
@@ -33,15 +35,30 @@ class GenerateOptions:
     confirm: bool = True  # False: the caller wait()s for the end (launch_cmd.LaunchOptions.confirm)
 
 
-def start(target: Target, opts: GenerateOptions, *, say: Callable[[str], None] = lambda _m: None
-          ) -> launch_cmd.LaunchResult:
+@dataclass
+class GenerateJob:
+    """A data generation run and where it writes; the caller adds the wait. The text and `generate --json` alike."""
+
+    run: launch_cmd.LaunchResult
+    out: str  # the data directory, in the container
+    wait: WaitResult | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {"host": self.run.host, "run_id": self.run.run_id, "run_dir": self.run.run_dir,
+                               "log": self.run.log_path, "out": self.out}
+        if self.wait is not None:
+            rec["wait"] = self.wait.to_record(job=True)
+        return rec
+
+
+def start(target: Target, opts: GenerateOptions, *, say: Callable[[str], None] = lambda _m: None) -> GenerateJob:
     for flag, value in (("--target", opts.target_model), ("--prompts", opts.prompts), ("--out", opts.out)):
         if not value.strip():
             raise ConfigError(f"{flag} is empty", hint="give a path in the container")
     name = opts.name or f"datagen-{run_slug(PurePosixPath(opts.out.rstrip('/')).name or 'data')}"
-    return launch_cmd.launch(target, launch_cmd.LaunchOptions(
+    return GenerateJob(launch_cmd.launch(target, launch_cmd.LaunchOptions(
         name=name, module=MODULE, config_text=CONFIG, source=opts.source, kill_zombies=opts.kill_zombies,
         confirm=opts.confirm,
         meta={"kind": "generate", "job": f"generating data into {opts.out}", "out": opts.out},
         extra=["--target", opts.target_model, "--prompts", opts.prompts, "--out", opts.out, *(opts.extra or [])],
-    ), say=say)
+    ), say=say), opts.out)

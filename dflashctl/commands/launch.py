@@ -8,56 +8,57 @@ the log's first lines (exit 100). `wait` replaces the blind `sleep 600`.
 The program is the bundled trainer (`python -m trainer --config … --run-dir …`), or any command: `--exec -- ARGV`
 (byte-exact, no shell), `--shell CMD` (`bash -c CMD`), or the host's `command` from hosts.toml; it runs in
 <workspace>/code with DFLASH_RUN_ID, DFLASH_RUN_DIR, PYTHONUNBUFFERED=1 and the user's `--env` (parse_env).
+
+Here: preflight, start, confirm. What to start (program, name, env, config) is decided in program.py; watching a run
+and the report of one that died early are in waiting.py. Both are re-exported, so `launch_cmd.X` keeps working.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
-from dflashctl.analysis.progress import parse_progress
+from dflashctl.analysis.gpus import memory_by_index
+from dflashctl.analysis.progress import is_training_step
 from dflashctl.commands import deploy as deploy_cmd
 from dflashctl.commands import zombies
 from dflashctl.commands._runs import RunInfo, run_from_probe, runs_dir
+from dflashctl.commands.program import (
+    DEFAULT_CONFIG,
+    NAME_MAX,
+    RUN_VARIABLES,
+    LaunchOptions,
+    git_sha,
+    parse_env,
+    program_argv,
+    program_name,
+    read_config,
+    run_slug,
+)
 from dflashctl.commands.runs import get_run, list_runs
-from dflashctl.commands.stop import gpu_memory
+from dflashctl.commands.waiting import LaunchFailed, LogKeeper, WaitFor, WaitResult, failure, log_excerpt, wait
 from dflashctl.errors import ConfigError, DflashError, ExitCode, NotFound
 from dflashctl.model import Host
 from dflashctl.remote import probe, scripts
 from dflashctl.remote.target import Target
 
-DEFAULT_CONFIG = "trainer/configs/tiny-cpu.toml"  # relative to <workspace>/code
-NAME_MAX = 40
+# Other modules and tests import these from here (launch_cmd.wait, launch_cmd.parse_env …): they keep working.
+# Tests patch CONFIRM_S, ALIVE_FOR_S and MIN_FREE_MIB on this module: confirm() and _check_disk() read them here.
+__all__ = [
+    "ALIVE_FOR_S", "CONFIRM_S", "DEFAULT_CONFIG", "GPU_BUSY_MIB", "MIN_FREE_MIB", "NAME_MAX", "RUN_VARIABLES",
+    "EndedRun", "LaunchFailed", "LaunchOptions", "LaunchRefused", "LaunchResult", "LogKeeper", "WaitFor",
+    "WaitResult", "confirm", "ended_run", "failure", "is_training_step", "launch", "log_excerpt", "parse_env",
+    "program_argv", "program_name", "run_slug", "wait",
+]
+
 MIN_FREE_MIB = 1024.0
 GPU_BUSY_MIB = 1024.0  # a requested GPU with more memory in use than this is held by someone
 CONFIRM_S = 10.0
 ALIVE_FOR_S = 2.0  # alive this long after start = launched (a program that dies at once never is)
-WaitFor = Literal["started", "step", "exit"]
-
-
-@dataclass
-class LaunchOptions:
-    name: str | None = None
-    config: Path | None = None  # a local file, uploaded as <run-dir>/config.toml
-    kill_zombies: bool = False
-    extra: list[str] = field(default_factory=list)  # passed to the trainer after its own arguments
-    source: Path | None = None  # the trainer tree to deploy when the container's is stale
-    module: str = "trainer"  # `python -m MODULE` in <workspace>/code
-    confirm_s: float | None = None  # how long confirm() may take (None: CONFIRM_S)
-    confirm: bool = True  # False: return once it is started; the caller wait()s (one report, no window)
-    resume_from: str | None = None  # a run id (or "latest"): start from its newest checkpoint, in a new run dir
-    container_config: str | None = None  # a config path in the container (a run's config.toml); --config wins
-    config_text: str | None = None  # the config itself (a job that needs none records what it is instead)
-    meta: dict[str, object] = field(default_factory=dict)  # more meta.json fields (kind, job, evaluates …)
-    command: list[str] | None = None  # --exec: this argv instead of the bundled trainer (no shell), in <workspace>/code
-    shell: str | None = None  # --shell: `bash -c SHELL` (`sh -c` where there is no bash) instead
-    env: dict[str, str] = field(default_factory=dict)  # --env: more variables for the program (parse_env)
-    host_command: bool = False  # neither given: the host's `command` (hosts.toml) with `extra` appended, if it has one
 
 
 @dataclass
@@ -73,6 +74,16 @@ class LaunchResult:
     killed: zombies.KillReport | None = None
     resumed_from: dict | None = None  # {"run", "checkpoint", "step", "linked"} as meta.json records it
     command: list[str] | None = None  # what was started instead of the bundled trainer (`bash -c CMD` for --shell)
+    host: str = ""  # the host's name in hosts.toml
+
+    def to_record(self, wait: WaitResult | None = None) -> dict[str, Any]:
+        """`launch --json`: the run started, and with --wait-for what the wait saw."""
+        rec: dict[str, Any] = {"host": self.host, "run_id": self.run_id, "run_dir": self.run_dir, "pid": self.pid,
+                               "log": self.log_path, "name": self.name, "config": self.config, "notes": self.notes,
+                               "resumed_from": self.resumed_from}
+        if wait is not None:
+            rec["wait"] = wait.to_record()
+        return rec
 
 
 class LaunchRefused(DflashError):
@@ -85,32 +96,6 @@ class LaunchRefused(DflashError):
         self.rows = rows or []
 
 
-class LaunchFailed(DflashError):
-    """The run did not stay up (exit 100); `log_head` holds the first lines of its log."""
-
-    exit_code = ExitCode.CRASHED
-
-    def __init__(self, message: str, *, hint: str | None = None, log_head: str = "", run_id: str | None = None,
-                 exit_code: int | None = None):
-        super().__init__(message, hint=hint)
-        self.log_head = log_head
-        self.run_id = run_id
-        self.run_exit_code = exit_code  # the run's own exit code (the CLI's is always 100)
-
-
-def run_slug(name: str) -> str:
-    """The id-safe form of a run name: [A-Za-z0-9._-] only. The name itself is kept byte-exact in
-    meta.json; control characters (newlines) are refused, since they would garble every listing."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise ConfigError(f"run name {name!r} contains a control character",
-                          hint="use letters, digits, '.', '_' and '-'; spaces and quotes are replaced by '-'")
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")[:NAME_MAX].strip("-.")
-    if not slug:
-        raise ConfigError(f"run name {name!r} has no letters or digits to build a run id from",
-                          hint="pass --name with letters, digits, '.', '_' or '-'")
-    return slug
-
-
 def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = lambda _m: None) -> LaunchResult:
     """Preflight, start, confirm. `say` receives progress notes (deployed, zombies cleaned)."""
     host = target.host
@@ -118,8 +103,8 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
     target.ensure_running()
     source_run = ended_run(target, opts.resume_from, "resume from it") if opts.resume_from is not None else None
     if command is None:
-        config_text, config_label = _config(opts, opts.container_config
-                                            or (source_run.config_path if source_run else host.config))
+        config_text, config_label = read_config(opts, opts.container_config
+                                                or (source_run.config_path if source_run else host.config))
         default_name = source_run.name if source_run else Path(config_label).stem
     else:
         config_text, config_label, default_name = None, None, program_name(command)
@@ -164,7 +149,7 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
             "container": host.container,
             "config": {"source": config_label, "uploaded": config_text is not None},
             "code_hash": deployed.hash if deployed else state.local_hash if state else None,
-            "git_sha": _git_sha(state.source.path) if state and state.source else None,
+            "git_sha": git_sha(state.source.path) if state and state.source else None,
             "gpus": {"target": list(host.gpus_target), "drafters": list(host.gpus_drafters)},
             "launched_by": "dflashctl",
             "kind": "train" if command is None else "exec",
@@ -198,80 +183,10 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
     started = None if command is None else (["bash", "-c", opts.shell] if opts.shell is not None else command)
     if not opts.confirm:  # the caller waits: wait() sees an early death and reports it with failure()
         return LaunchResult(run_id, run_dir, int(res.get("pid") or 0), f"{run_dir}/train.log", name, config_label,
-                            notes, deployed, killed, resumed, started)
+                            notes, deployed, killed, resumed, started, host.name)
     info = confirm(target, run_id, opts.confirm_s)
     return LaunchResult(run_id, run_dir, int(info.pid or res.get("pid") or 0), f"{run_dir}/train.log", name,
-                        config_label, notes, deployed, killed, resumed, started)
-
-
-def program_argv(opts: LaunchOptions, host: Host) -> list[str] | None:
-    """What the run starts: None for the bundled trainer, else the argv (`--exec`, or the host's `command` with the
-    arguments after `--` appended; for `--shell` a placeholder, the launcher picks bash or sh). Usage errors (2) are
-    raised here, before anything is contacted."""
-    if opts.command is not None and opts.shell is not None:
-        raise ConfigError("--exec and --shell both give the command; use one",
-                          hint="--exec -- ARGV... (no shell), or --shell 'CMD' (run by bash -c)")
-    if opts.shell is not None:
-        if not opts.shell.strip():
-            raise ConfigError("--shell was given an empty command", hint="--shell 'CMD' runs CMD with bash -c")
-        if opts.extra:
-            raise ConfigError("--shell takes the whole command line in one string; nothing may follow `--`",
-                              hint="put the arguments into the --shell string")
-        command: list[str] | None = ["bash", "-c", opts.shell]
-    elif opts.command is not None:
-        command = list(opts.command)
-        if not command or not command[0]:
-            raise ConfigError("--exec was given an empty command",
-                              hint="put the program and its arguments after `--`: "
-                                   "dflashctl launch --exec -- python train.py --config cfg.yaml")
-    elif opts.host_command and host.command:
-        command = [*host.command, *opts.extra]
-    else:
-        return None
-    if opts.config is not None:
-        raise ConfigError("--config is the bundled trainer's config; a command of your own takes its config in its "
-                          "own arguments", hint="dflashctl launch --exec -- python train.py --config cfg.yaml "
-                                                "(a path in the container, relative to <workspace>/code)")
-    if opts.resume_from is not None:
-        raise ConfigError("--resume-from continues a run of the bundled trainer; a command of your own resumes the "
-                          "way it knows how", hint="pass your program's resume option after `--`; "
-                                                   "$DFLASH_RUN_DIR is each run's own directory")
-    return command
-
-
-def program_name(argv: list[str]) -> str:
-    """A run's default name from its command: the script (`train.py` -> train), the module after `-m`, else the
-    program; `bash -c CMD` is named by CMD's first word."""
-    if len(argv) == 3 and argv[:2] == ["bash", "-c"]:
-        words = argv[2].split()
-        return program_name(words) if words and words[0] not in ("bash", "sh") else "shell"
-    for i, arg in enumerate(argv):
-        if arg.endswith(".py") and i > 0:
-            return Path(arg).stem
-        if arg == "-m" and i + 1 < len(argv):
-            return argv[i + 1].rsplit(".", 1)[-1] or "exec"
-    return Path(argv[0]).name or "exec"
-
-
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-RUN_VARIABLES = ("DFLASH_RUN_ID", "DFLASH_RUN_DIR")  # set by the launcher for every process of a run
-
-
-def parse_env(items: list[str]) -> dict[str, str]:
-    """--env KEY=VALUE (repeatable) -> {KEY: VALUE}; VALUE may be empty or contain '='. One-line usage errors."""
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not _ENV_KEY.match(key):
-            raise ConfigError(f"--env {item!r} is not KEY=VALUE (KEY: letters, digits and '_', not starting with "
-                              "a digit)", hint="e.g. --env NCCL_DEBUG=INFO; repeat --env for each variable")
-        if key in RUN_VARIABLES:
-            raise ConfigError(f"--env {key}: dflashctl sets it for every run (the run's id and directory)",
-                              hint="read it in your program instead")
-        if "\0" in value:
-            raise ConfigError(f"--env {key}: a value cannot contain a NUL byte")
-        out[key] = value
-    return out
+                        config_label, notes, deployed, killed, resumed, started, host.name)
 
 
 @dataclass(frozen=True)
@@ -318,20 +233,6 @@ def _trainer_args(argv: object) -> list[str]:
     return [str(a) for a in rest if a != "--resume"]
 
 
-def _config(opts: LaunchOptions, host_config: str | None) -> tuple[str | None, str]:
-    if opts.config_text is not None:
-        return opts.config_text, "(inline)"
-    if opts.config is None:
-        return None, host_config or DEFAULT_CONFIG
-    path = Path(opts.config).expanduser()
-    try:
-        return path.read_text(encoding="utf-8"), str(path.resolve())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} not found", hint="--config takes a local TOML file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file {path}: {e}") from None
-
-
 def _clear_the_way(target: Target, opts: LaunchOptions, notes: list[str],
                    say: Callable[[str], None]) -> zombies.KillReport | None:
     found = zombies.scan(target)
@@ -353,7 +254,7 @@ def _clear_the_way(target: Target, opts: LaunchOptions, notes: list[str],
     return report
 
 
-def _requested_gpus(host) -> tuple[int, ...]:
+def _requested_gpus(host: Host) -> tuple[int, ...]:
     return tuple(sorted(set(host.gpus_target) | set(host.gpus_drafters)))
 
 
@@ -369,7 +270,7 @@ def _check_disk(doc: dict, workspace: str) -> None:
 def _check_gpus(doc: dict, requested: tuple[int, ...]) -> None:
     if not requested:
         return
-    used = gpu_memory(doc.get("gpus"))
+    used = memory_by_index(doc.get("gpus"))
     if not used:
         return
     held = {i: used[i] for i in requested if used.get(i, 0.0) > GPU_BUSY_MIB}
@@ -377,91 +278,6 @@ def _check_gpus(doc: dict, requested: tuple[int, ...]) -> None:
         listing = ", ".join(f"GPU {i}: {mib:.0f} MiB" for i, mib in held.items())
         raise LaunchRefused(f"requested GPUs are in use by processes of no live run ({listing})",
                             hint="find the holders with `dflashctl kill-zombies --dry-run`")
-
-
-def _git_sha(source: Path) -> str | None:
-    """The commit of the local tree the trainer came from, read from .git without running git."""
-    for d in (source, *source.parents):
-        head = d / ".git" / "HEAD"
-        if head.is_file():
-            ref = head.read_text().strip()
-            if not ref.startswith("ref: "):
-                return ref or None
-            path = d / ".git" / ref[5:]
-            if path.is_file():
-                return path.read_text().strip() or None
-            packed = d / ".git" / "packed-refs"
-            if packed.is_file():
-                for line in packed.read_text().splitlines():
-                    if line.endswith(" " + ref[5:]):
-                        return line.split()[0]
-            return None
-    return None
-
-
-class LogKeeper:
-    """The log of a run being watched, kept bounded: its first KEEP bytes and its last KEEP bytes — what the
-    report of a failed run shows (the first lines, and the error lines at the end)."""
-
-    KEEP = 64 << 10
-
-    def __init__(self) -> None:
-        self.head = b""
-        self.tail = b""
-        self.total = 0
-
-    def add(self, data: bytes) -> None:
-        self.total += len(data)
-        room = self.KEEP - len(self.head)
-        if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-        if data:
-            self.tail = (self.tail + data)[-self.KEEP:]
-
-    @property
-    def text(self) -> bytes:
-        """head and tail joined; a gap between them is marked by a line of its own."""
-        if not self.tail:
-            return self.head
-        gap = self.total - len(self.head) - len(self.tail)
-        joint = b"\n[... %d bytes ...]\n" % gap if gap > 0 else b""
-        return self.head + joint + self.tail
-
-
-HEAD_LINES = 20
-ERROR_LINES = 40
-
-
-def failure(run_id: str, info: RunInfo, log: bytes) -> LaunchFailed:
-    """The one report of a run that died before the command got what it waited for (issue 10): the same text,
-    exit code and JSON whether it died inside confirm()'s alive window or just after it, while wait() watched.
-    It says how the run ended, never how long that took, so no part of it depends on the machine's speed."""
-    why = (f"exited with code {info.exit_code}" if info.exit_code is not None
-           else "was stopped" if info.stopped
-           else "exited (its supervisor is still stopping leftovers of its process group)" if info.ending
-           else "ended without an exit code (killed, or its supervisor died)" if info.pid is not None
-           else "never started")
-    return LaunchFailed(f"run {run_id} {why}", log_head=log_excerpt(log), run_id=run_id, exit_code=info.exit_code,
-                        hint=f"whole log: dflashctl logs {run_id}")
-
-
-def log_excerpt(log: bytes) -> str:
-    """The first HEAD_LINES lines, and, where the log goes on past them, its last traceback or exception line
-    (the error lines a person scrolls down for)."""
-    from dflashctl.analysis.logscan import scan
-
-    lines = log.decode("utf-8", "replace").splitlines()
-    out = lines[:HEAD_LINES]
-    if len(lines) <= HEAD_LINES:
-        return "\n".join(out)
-    report = scan(log)
-    last = next((tb for tb in reversed(report.tracebacks) if not tb.ignored), None)
-    if last is None or last.last_line <= HEAD_LINES:
-        return "\n".join(out + (["…"] if len(lines) > HEAD_LINES else []))
-    first = max(last.first_line, HEAD_LINES + 1, last.last_line - ERROR_LINES + 1)
-    skipped = first - HEAD_LINES - 1
-    return "\n".join(out + ([f"… ({skipped} lines) …"] if skipped else []) + lines[first - 1:last.last_line])
 
 
 def confirm(target: Target, run_id: str, within_s: float | None = None) -> RunInfo:
@@ -499,86 +315,3 @@ def confirm(target: Target, run_id: str, within_s: float | None = None) -> RunIn
     raise failure(run_id, info, log.text)
 
 
-@dataclass
-class WaitResult:
-    reached: bool
-    run: RunInfo
-    line: str | None  # the first training step line seen (what --wait-for step waits for)
-    waited_s: float
-    log: LogKeeper = field(default_factory=LogKeeper)
-
-    @property
-    def exit_code(self) -> int:
-        """DESIGN §5: 0 reached (or finished), 100 crashed/lost, 103 stopped, 101 timed out."""
-        if self.reached:
-            return int(self.run.verdict().exit_code) if not self.run.alive else 0
-        if self.run.alive:
-            return int(ExitCode.NOT_FINISHED)
-        return int(self.run.verdict().exit_code)
-
-    def died_early(self, ok_codes: tuple[int, ...] = (0,)) -> bool:
-        """It ended in failure before its first training step (or, for a job that logs no steps, at all): the
-        program died at once, as far as the person waiting can tell — the case failure() reports."""
-        run = self.run
-        if run.alive or run.stopped or self.line is not None:
-            return False
-        return run.exit_code not in ok_codes
-
-    def failure(self) -> LaunchFailed:
-        return failure(self.run.id, self.run, self.log.text)
-
-
-_STEP_FIRST = re.compile(r"\s*(?:step|iter)\b", re.IGNORECASE)
-
-
-def is_training_step(line: str) -> bool:
-    """A line saying a training step happened: a progress line with a loss, or one that starts with its step
-    (`step=12 …`, `iter 100: …`). `resume: continuing from checkpoint step=285` and `eval step=100 …` name a step
-    but are not one."""
-    point = parse_progress(line, 0)
-    if point is None or point.kind != "train":
-        return False
-    return "loss" in point.values or ("step" in point.values and bool(_STEP_FIRST.match(line)))
-
-
-def wait(target: Target, run_id: str, what: WaitFor, timeout_s: float | None,
-         on_log: Callable[[bytes], None] | None = None) -> WaitResult:
-    """Block until the run has started / printed its first step / ended, or it died, or timeout. The log is
-    kept (bounded) so that a run that died early is reported by failure(), exactly as confirm() reports it."""
-    start = time.monotonic()
-    pending = b""
-    first_step: str | None = None
-    log = LogKeeper()
-    stream = probe.probe_stream(target, target.host.workspace, run_id, 0, 0.5, gpus=False)
-    info: RunInfo | None = None
-
-    def result(reached: bool) -> WaitResult:
-        assert info is not None
-        return WaitResult(reached, info, first_step, time.monotonic() - start, log)
-
-    try:
-        for doc in stream:
-            info = run_from_probe(doc["run"])
-            data = probe.decode_log(doc)
-            if on_log and data:
-                on_log(data)
-            log.add(data)
-            if first_step is None:  # one scan per line until the first training step, then no more
-                pending += data
-                lines = pending.split(b"\n")
-                pending = lines.pop()[-(1 << 20):]
-                first_step = next((t.strip() for t in (raw.decode("utf-8", "replace") for raw in lines)
-                                   if is_training_step(t)), None)
-                if first_step is not None and what == "step":
-                    return result(True)
-            drained = (doc.get("log") or {}).get("next_offset", 0) >= (doc.get("log") or {}).get("size", 0)
-            ended = not info.alive and (info.exit_code is not None or info.pid is not None)
-            if what == "started" and info.alive and not info.ending:
-                return result(True)
-            if ended and drained:
-                return result(what == "exit")
-            if timeout_s is not None and time.monotonic() - start > timeout_s:
-                return result(False)
-    finally:
-        stream.close()
-    return result(False)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from dflashctl.analysis import logscan
+from dflashctl.analysis.verdict import EndWatch
 from dflashctl.analysis.workers import WorkerFailure
 from dflashctl.commands._runs import RunInfo, host_progress, run_from_probe
 from dflashctl.commands.runs import get_run
@@ -15,7 +17,6 @@ from dflashctl.remote.target import Target
 TAIL_BYTES_PER_LINE = 512
 # The run's supervisor writes exit_code only after reaping the trainer's group (up to the launcher's
 # GROUP_GRACE_S of 5 s): a dead trainer without one yet is still ending, not lost, for this long.
-EXIT_CODE_GRACE_S = 10.0
 ERRORS_MAX_BYTES = 64 << 20  # --errors reads at most this much of the log's end
 
 
@@ -25,6 +26,10 @@ class LogTail:
     text: str
     truncated: bool  # the log has more before `text`
     next_offset: int = 0  # where a follow continues
+
+    def to_record(self) -> dict[str, Any]:
+        """`logs --json`."""
+        return {"run": self.run.id, "path": self.run.log_path, "text": self.text, "truncated": self.truncated}
 
 
 def tail(target: Target, run: str | None, lines: int = 50) -> LogTail:
@@ -59,7 +64,7 @@ def follow(target: Target, run: str | None, *, from_start: bool = False, lines: 
         yield FollowEvent(first.text.encode(), info)
         offset = first.next_offset
     stream = probe.probe_stream(target, target.host.workspace, info.id, offset, interval, gpus=False)
-    gone_since: float | None = None  # probe time the trainer was first seen dead without an exit code
+    end = EndWatch()  # a trainer gone without an exit code is lost only after the grace
     try:
         for doc in stream:
             info = run_from_probe(doc["run"]) if doc.get("run") else info
@@ -67,15 +72,12 @@ def follow(target: Target, run: str | None, *, from_start: bool = False, lines: 
             data = probe.decode_log(doc)
             yield FollowEvent(data, info, bool(log.get("rotated")))
             drained = log.get("next_offset", 0) >= log.get("size", 0)
-            if info.alive or not drained or info.pid is None:
-                gone_since = None
+            if not drained or info.pid is None:  # the grace counts from a drained log
+                end.gone_since = None
                 continue
-            if info.exit_code is not None or info.kind == "adopted":  # no supervisor of ours records its end
+            # an adopted run has no supervisor of ours to record its end; nobody wrote an exit code: lost
+            if end.see(info.process, float(doc.get("time") or 0.0), supervised=info.kind != "adopted") == "ended":
                 return
-            now = float(doc.get("time") or 0.0)
-            gone_since = now if gone_since is None else gone_since
-            if now - gone_since >= EXIT_CODE_GRACE_S:
-                return  # nobody wrote an exit code: the run is lost
     finally:
         stream.close()
 
@@ -89,6 +91,22 @@ class ErrorsView:
     scanned_from: int = 0  # byte offset where the scan began (0: the whole log)
     workers: dict[str, WorkerFailure] = field(default_factory=dict)  # ranks a launcher reported failed
     root_cause: str | None = None
+
+    @property
+    def files_only(self) -> dict[str, dict]:
+        """errors/<thread>.json of threads whose traceback is not in the log (shown from the file instead)."""
+        in_log = {tb.thread for tb in self.tracebacks}
+        return {k: d for k, d in self.error_files.items() if k not in in_log}
+
+    def to_record(self) -> dict[str, Any]:
+        """`logs --errors --json`: whole tracebacks, the ranks a launcher reported, the trainer's error files."""
+        return {"run": self.run.id, "final_exception": self.final_exception,
+                "tracebacks": [{"thread": tb.thread, "rank": tb.rank, "first_line": tb.first_line,
+                                "last_line": tb.last_line, "exception": tb.exc_line, "text": tb.text}
+                               for tb in self.tracebacks],
+                "workers": [{"name": f.name, "line": f.line, "exit_code": f.exit_code, "how": f.how}
+                            for f in self.workers.values()],
+                "root_cause": self.root_cause, "error_files": self.error_files}
 
 
 def errors(target: Target, run: str | None) -> ErrorsView:

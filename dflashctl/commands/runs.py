@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from dflashctl.commands._runs import RunInfo, host_progress, run_from_probe
 from dflashctl.remote import probe
@@ -17,6 +18,11 @@ class RunList:
     runs: list[RunInfo]
     latest: str | None
     now: float  # the container's clock, for durations
+
+    def to_record(self) -> dict[str, Any]:
+        """`runs --json`: each run as RunInfo.to_json gives it, durations against the container's clock."""
+        return {"host": self.host, "workspace": self.workspace, "latest": self.latest,
+                "runs": [r.to_json(self.now) for r in self.runs]}
 
 
 def list_runs(target: Target) -> RunList:

@@ -17,9 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflashctl.analysis.gpus import PROBE_FIELDS, GpuParseError, from_nvml, parse_query_csv
-from dflashctl.analysis.health import Evidence, GpuSweep, Health, ProcessState, Thresholds, judge, to_record
+from dflashctl.analysis.gpus import from_probe
+from dflashctl.analysis.health import Evidence, GpuSweep, Health, Thresholds, judge
 from dflashctl.analysis.logscan import LogScanner
+from dflashctl.analysis.records import to_record
+from dflashctl.analysis.verdict import EndWatch, ProcessState
 from dflashctl.commands._runs import JOB_KINDS, host_progress
 from dflashctl.errors import ConnectFailed, DflashError, NotFound, RemoteTimeout
 from dflashctl.model import Host, Verdict
@@ -27,9 +29,6 @@ from dflashctl.remote import probe
 from dflashctl.remote.target import Target
 
 HISTORY = 120  # GPU sweeps kept (utilisation history in watch mode)
-# The supervisor writes exit_code after reaping the trainer's group (up to 5 s): a watch that sees the
-# trainer gone without one waits this long before it believes "lost" (and stops, or exits 100).
-EXIT_CODE_GRACE_S = 10.0
 RECONNECT_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 
 
@@ -100,16 +99,8 @@ def _started_at(run: dict[str, Any]) -> float | None:
 
 def gpu_sweep(doc: dict[str, Any]) -> tuple[GpuSweep | None, str | None]:
     """The GPU readings of one probe report (NVML or nvidia-smi CSV), or why there are none."""
-    g = doc.get("gpus") or {}
-    now = doc.get("time")
-    try:
-        if g.get("source") == "nvml":
-            return GpuSweep(now, from_nvml(g.get("nvml") or [], now)), g.get("error")
-        if g.get("source") == "nvidia-smi" and g.get("smi_csv") is not None:
-            return GpuSweep(now, parse_query_csv(g["smi_csv"], PROBE_FIELDS).samples), g.get("error")
-    except GpuParseError as e:
-        return None, str(e)
-    return None, g.get("error")
+    samples, error = from_probe(doc.get("gpus"), doc.get("time"))
+    return (GpuSweep(doc.get("time"), samples) if samples is not None else None), error
 
 
 @dataclass
@@ -130,7 +121,7 @@ class Watcher:
     last_log_at: float | None = None
     last: StatusView | None = None
     live: bool = False  # watching: a step seen at the first look counts as fresh until it stops moving
-    gone_since: float | None = None  # when the process was first seen dead with no exit code
+    end: EndWatch = field(default_factory=EndWatch)  # a gone process is lost only after the exit-code grace
 
     def update(self, doc: dict[str, Any]) -> StatusView:
         now = doc.get("time")
@@ -189,10 +180,8 @@ class Watcher:
                       last_progress_time=progress_time)
         health = judge(ev, self.thresholds)
         started = process.started_at
-        gone = bool(run) and process.alive is False and process.exit_code is None and not process.stopped
-        self.gone_since = (self.gone_since if self.gone_since is not None else now) if gone else None
-        settling = (self.live and gone and health.verdict == Verdict.LOST and now is not None
-                    and self.gone_since is not None and now - self.gone_since < EXIT_CODE_GRACE_S)
+        ending = self.end.see(process, now) if run and now is not None else "running"
+        settling = self.live and health.verdict == Verdict.LOST and ending == "settling"
         view = StatusView(
             host=self.host, run=run, health=health, time=now,
             uptime_s=(now - started) if started is not None and now is not None and process.alive else None,
@@ -299,4 +288,14 @@ def is_failure(v: StatusView) -> bool:
     """What `--exit-on-failure` stops on: a crash, a dead thread, a stall, a lost run (once it is sure)."""
     if v.settling:
         return False
-    return v.health.verdict in (Verdict.CRASHED, Verdict.DEGRADED, Verdict.STALLED, Verdict.LOST)
+    return v.health.verdict.is_failure
+
+
+def all_exit_code(lines: list[HostLine]) -> int:
+    """`status --all`'s exit code: the worst host's (0 when there are none)."""
+    return max((ln.exit_code for ln in lines), default=0)
+
+
+def all_record(lines: list[HostLine]) -> dict[str, Any]:
+    """`status --all --json`."""
+    return {"hosts": [ln.to_record() for ln in lines], "exit_code": all_exit_code(lines)}

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
+from dflashctl.analysis.gpus import memory_by_index
 from dflashctl.commands.runs import get_run
 from dflashctl.errors import DflashError, ExitCode
 from dflashctl.remote import scripts
@@ -22,6 +24,11 @@ class StopResult:
     escalated: bool  # SIGKILL was needed after the grace period
     recorded_by: str  # "supervisor" (normal) or "stop" (the supervisor was gone)
     gpu_released_mib: dict[int, float] | None  # per GPU index, where GPUs exist
+
+    def to_record(self) -> dict[str, Any]:
+        """`stop --json`."""
+        return {"run": self.run_id, "pid": self.pid, "exit_code": self.exit_code, "escalated": self.escalated,
+                "recorded_by": self.recorded_by, "gpu_released_mib": self.gpu_released_mib}
 
 
 ENDING_WAIT_S = 15.0  # the supervisor's grace + kill wait for leftovers of the group, with margin
@@ -63,25 +70,7 @@ def stop(target: Target, run: str | None, *, grace_s: float = 30.0) -> StopResul
 
 
 def _gpu_delta(before: dict | None, after: dict | None) -> dict[int, float] | None:
-    b, a = gpu_memory(before), gpu_memory(after)
+    b, a = memory_by_index(before), memory_by_index(after)
     if not b or not a:
         return None
     return {i: round(b[i] - a.get(i, b[i]), 1) for i in sorted(b)}
-
-
-def gpu_memory(report: dict | None) -> dict[int, float]:
-    """index -> memory used (MiB) from a probe's gpus field (NVML records or nvidia-smi CSV)."""
-    if not report:
-        return {}
-    out: dict[int, float] = {}
-    for g in report.get("nvml") or []:
-        if g.get("memory_used_mib") is not None:
-            out[int(g["index"])] = float(g["memory_used_mib"])
-    for line in (report.get("smi_csv") or "").splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 4 and parts[0].isdigit():
-            try:
-                out[int(parts[0])] = float(parts[3])
-            except ValueError:
-                continue
-    return out

@@ -1,57 +1,16 @@
-"""kill-zombies: find what an earlier run left behind, and end it safely (DESIGN §4).
-
-A zombie is a process of an *earlier* run (by its DFLASH_RUN_ID marker, never by command line),
-a defunct child nobody reaps (we end its marked parent), or a process holding GPU memory that
-belongs to no live run. The current run (runs/latest, alive) is never a zombie; a process without
-our marker is listed but never signalled unless the user names its pid — and an adopted current
-run's process (it has no marker) not even then. Before any signal the pid's start time and marker
-are checked again in the container (pid reuse).
+"""kill-zombies: read what an earlier run left behind (one probe, and the host's GPU process list), let
+analysis/zombies.py decide, and end the chosen processes safely: before any signal the pid's start time and
+marker are checked again in the container (pid reuse).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from dflashctl.errors import ConfigError
+from dflashctl.analysis.zombies import KILL, ZombieRow, ZombieScan, classify
 from dflashctl.remote import probe, scripts
 from dflashctl.remote.target import Target
-
-KILL = "kill"
-SKIP = "skip"
-
-
-@dataclass
-class ZombieRow:
-    pid: int
-    ppid: int
-    state: str
-    run_id: str | None
-    age_s: float
-    cmdline: str
-    why: str
-    action: str  # "kill" or "skip"
-    starttime: int
-    gpu_mib: float | None = None
-    holds_gpu: bool = False
-    outcome: str | None = None  # after kill: terminated | killed | survived | changed | gone-before | defunct
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class ZombieScan:
-    current_run: str | None  # the live latest run, protected
-    rows: list[ZombieRow] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def to_kill(self) -> list[ZombieRow]:
-        return [r for r in self.rows if r.action == KILL]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"current_run": self.current_run, "zombies": [r.to_json() for r in self.rows], "notes": self.notes}
 
 
 def scan(target: Target, named_pids: tuple[int, ...] = ()) -> ZombieScan:
@@ -67,89 +26,6 @@ def scan(target: Target, named_pids: tuple[int, ...] = ()) -> ZombieScan:
     protected = (int(adopted["pid"]),) if isinstance(adopted, dict) and adopted.get("pid") else ()
     return classify(doc.get("procs") or [], current, host_gpu, named_pids, set(doc.get("run_ids") or []),
                     protected=protected)
-
-
-def classify(procs: list[dict[str, Any]], current: str | None, host_gpu: dict[str, Any] | None = None,
-             named_pids: tuple[int, ...] = (), known_runs: set[str] | None = None, *,
-             protected: tuple[int, ...] = ()) -> ZombieScan:
-    """Pure decision: which of the probe's processes to end, and why (or why not).
-    known_runs: run ids of this workspace; a marker naming another run belongs to another
-    workspace (another user, another checkout) and is left alone. None: do not check.
-    protected: processes of the current run that carry no marker (an adopted run's process): never
-    listed, never ended, even when named."""
-    out = ZombieScan(current)
-
-    def ours(marker: str | None) -> bool:
-        return bool(marker) and (known_runs is None or marker in known_runs)
-
-    by_pid = {int(p["pid"]): p for p in procs}
-    gpu_mib: dict[int, float] = {}
-    if host_gpu:
-        if host_gpu.get("error"):
-            out.notes.append(f"host GPU processes unavailable: {host_gpu['error']}")
-        for hp in host_gpu.get("procs") or []:
-            if hp.get("in_container") and hp.get("ns_pid") is not None:
-                gpu_mib[int(hp["ns_pid"])] = gpu_mib.get(int(hp["ns_pid"]), 0.0) + float(hp.get("used_memory_mib") or 0)
-    named = set(named_pids)
-    for pid in named:
-        if pid not in by_pid:
-            raise ConfigError(f"pid {pid} not found in the container", hint="list candidates with `dflashctl "
-                              "kill-zombies --dry-run`")
-    rows: dict[int, ZombieRow] = {}
-
-    def add(p: dict[str, Any], why: str, action: str) -> None:
-        pid = int(p["pid"])
-        if pid in rows:
-            if action == KILL and rows[pid].action != KILL:
-                rows[pid].action, rows[pid].why = KILL, why
-            return
-        rows[pid] = ZombieRow(pid=pid, ppid=int(p["ppid"]), state=p["state"], run_id=p.get("run_id"),
-                              age_s=float(p.get("age_s") or 0), cmdline=p.get("cmdline") or "", why=why,
-                              action=action, starttime=int(p["starttime"]), gpu_mib=gpu_mib.get(pid),
-                              holds_gpu=bool(p.get("holds_gpu")))
-
-    for pid, p in sorted(by_pid.items()):
-        marker = p.get("run_id")
-        if pid in protected:
-            if pid in named:
-                raise ConfigError(f"pid {pid} is the process of the current run {current} (adopted)",
-                                  hint=f"stop the run instead: dflashctl stop {current}")
-            continue
-        if p["state"] == "Z":
-            parent = by_pid.get(int(p["ppid"]))
-            pmark = parent.get("run_id") if parent else None
-            if parent is not None and ours(pmark) and pmark != current:
-                add(p, f"defunct child of pid {parent['pid']} (earlier run {pmark}); ends with its parent", SKIP)
-                add(parent, f"parent of defunct pid {pid}; earlier run {pmark}", KILL)
-            elif pmark and pmark == current:
-                add(p, f"defunct child of the current run {current}; it reaps its own", SKIP)
-            # else: a defunct child of someone else's process is not ours to report
-            continue
-        if marker and marker == current:
-            if pid in named:
-                raise ConfigError(f"pid {pid} belongs to the current run {current}",
-                                  hint=f"stop the run instead: dflashctl stop {current}")
-            continue
-        if marker and not ours(marker):
-            if pid in named:
-                add(p, f"named with --pid (marker {marker} of another workspace)", KILL)
-            elif p.get("holds_gpu") or pid in gpu_mib:
-                add(p, f"holds a GPU; run {marker} is not in this workspace: left alone", SKIP)
-            continue
-        if marker:
-            add(p, f"earlier run {marker}" if current else f"run {marker}, which is not the live run", KILL)
-            continue
-        if pid in named:
-            add(p, "named with --pid (no marker)", KILL)
-            continue
-        if p.get("holds_gpu") or pid in gpu_mib:
-            add(p, "holds a GPU but has no DFLASH_RUN_ID marker: left alone (name it with --pid)", SKIP)
-    for pid in named - set(rows):
-        p = by_pid[pid]
-        if p["state"] != "Z":
-            add(p, "named with --pid", KILL)
-    out.rows = sorted(rows.values(), key=lambda r: (r.action != KILL, r.pid))
-    return out
 
 
 @dataclass
@@ -181,3 +57,11 @@ def kill(target: Target, found: ZombieScan, grace_s: float = 10.0) -> KillReport
             o = outcomes.get(str(r.pid)) or {"outcome": "unknown"}
             r.outcome = o.get("outcome")
     return KillReport(found.rows)
+
+
+def record(found: ZombieScan, *, dry_run: bool, report: KillReport | None = None) -> dict[str, Any]:
+    """`kill-zombies --json`: what was found, and, after a kill, how many ended and how many survived."""
+    doc = {**found.to_json(), "dry_run": dry_run, "ended": len(report.ended) if report else 0}
+    if report is not None:
+        doc["failed"] = len(report.failed)
+    return doc

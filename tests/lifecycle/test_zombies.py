@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl.commands.zombies import classify
+from dflashctl.analysis.zombies import classify
 
 from .zombie_scenario import local_box, pve_box, run_decoy_scenario
 
@@ -148,15 +148,14 @@ def test_gpu_memory_of_processes_on_a_host_without_container(local_host, cli, tm
 
 
 def _reaper(spec: dict) -> dict:
-    import json
     import subprocess
     import sys
 
-    from dflashctl.remote.scripts import build_call, module_source
+    from dflashctl.remote.scripts import build_call, module_source, parse_replies
 
     res = subprocess.run([sys.executable, "-"], input=build_call(module_source("reaper"), "kill", spec).encode(),
                          capture_output=True, timeout=60)
-    return json.loads(res.stdout.decode().splitlines()[-1].split(" ", 1)[1])["results"]
+    return parse_replies(res.stdout)[-1]["results"]
 
 
 def test_a_pid_reused_since_the_scan_is_not_signalled(tmp_path):

@@ -83,7 +83,8 @@ def test_one_shot_last_log_age_comes_from_the_logs_mtime() -> None:
 
 
 def test_a_watch_does_not_call_a_run_lost_while_its_exit_code_is_being_written() -> None:
-    from dflashctl.commands.status import EXIT_CODE_GRACE_S, is_failure
+    from dflashctl.analysis.verdict import EXIT_CODE_GRACE_S
+    from dflashctl.commands.status import is_failure
 
     w = Watcher("pve", live=True)
     w.update(report(100.0, steps(1, 6)))
