@@ -32,6 +32,19 @@ CONTAINER_WORKSPACE = "/workspace/dflash"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
+def host_record(host: Host, *, default: bool) -> dict[str, Any]:
+    """One host as `hosts --json` shows it."""
+    return {
+        "name": host.name, "default": default, "transport": host.transport,
+        "address": host.address, "user": host.user, "port": host.port, "identity_file": host.identity_file,
+        "proxy_jump": host.proxy_jump, "container": host.container, "workspace": host.workspace,
+        "python": host.python, "gpus": {"target": list(host.gpus_target), "drafters": list(host.gpus_drafters)},
+        "config": host.config, "accept_new_host_key": host.accept_new_host_key,
+        "code_source": host.code_source, "command": list(host.command) if host.command is not None else None,
+        "progress_regex": host.progress_regex,
+    }
+
+
 @dataclass(frozen=True)
 class Inventory:
     """The hosts of one hosts.toml (or the embedded default when `path` is None)."""
@@ -47,6 +60,11 @@ class Inventory:
 
     def names(self) -> list[str]:
         return list(self._order or self.hosts)
+
+    def to_record(self) -> dict[str, Any]:
+        """`hosts --json`: every host with every key hosts.toml can set, in the inventory's order."""
+        return {"source": str(self.path) if self.path else None, "default": self.default,
+                "hosts": [host_record(self.hosts[n], default=n == self.default) for n in self.names()]}
 
     def get(self, name: str | None = None) -> Host:
         """The host called name; None means the inventory's `default`."""

@@ -217,3 +217,14 @@ def test_a_circle_closed_by_a_lazy_import_is_reported_with_every_module_on_it(tm
                       "pkg/bottom.py": "from pkg.top import main\nx = 1\n",
                       "pkg/leaf.py": "from pkg import bottom\n"})
     assert circles(tmp_path, ("pkg",)) == [["pkg.bottom", "pkg.middle", "pkg.top"]]
+
+
+MAX_MODULE_LINES = 400  # issue "One house": a module is read in one sitting
+
+
+def test_every_module_reads_in_one_sitting() -> None:
+    """No module of dflashctl or trainer grows past MAX_MODULE_LINES: split it along its seams instead."""
+    long = {str(path.relative_to(REPO)): n for package in PACKAGES
+            for path in sorted((REPO / package).rglob("*.py")) if "__pycache__" not in path.parts
+            and (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from trainer import checkpoint
+from trainer.allreduce import Aborted, AllReduce
 from trainer.compile import (
     CompileCounter,
     apply_thread_settings,
@@ -43,10 +44,6 @@ EXIT_OK, EXIT_FAILED, EXIT_SIGTERM = 0, 1, 143
 STOP_GRACE_S = 60.0
 
 
-class Aborted(Exception):
-    """Raised inside a worker when the run is being aborted because another thread failed (not a crash)."""
-
-
 @dataclass
 class Work:
     step: int
@@ -55,60 +52,6 @@ class Work:
     hidden: Tensor
     ready: torch.cuda.Event | None = None
     """When the coordinator's stream has finished writing `hidden` (trainer/streams.py)."""
-
-
-class AllReduce:
-    """Mean of one flat tensor per drafter thread, every step.
-
-    The last thread to arrive sums the slots in rank order and divides once; everyone copies that one result,
-    so every replica applies bit-identical gradients (and sees the same metrics and stop flag). A thread that
-    leaves (finished or crashed) is dropped from the group so the others never wait for it. On CUDA each slot
-    and the result carry the event of the stream that wrote them (trainer/streams.py)."""
-
-    def __init__(self, ranks: list[int]) -> None:
-        self.cond = threading.Condition()
-        self.active = set(ranks)
-        self.slots: dict[int, tuple[Tensor, torch.cuda.Event | None]] = {}
-        self.generation = 0
-        self.result: Tensor | None = None
-        self.result_ready: torch.cuda.Event | None = None
-        self.group: tuple[int, ...] = ()
-
-    def _maybe_finish(self) -> None:
-        if not self.active or not self.active.issubset(self.slots):
-            return
-        ranks = sorted(self.active)
-        first = self.slots[ranks[0]][0]
-        for r in ranks:
-            receive(*self.slots[r], first.device)
-        total = first.clone()
-        for r in ranks[1:]:
-            total += self.slots[r][0].to(total.device)
-        self.result = total / len(ranks)
-        self.result_ready = mark(self.result)
-        self.group = tuple(ranks)
-        self.slots.clear()
-        self.generation += 1
-        self.cond.notify_all()
-
-    def mean(self, rank: int, tensor: Tensor, abort: threading.Event) -> tuple[Tensor, tuple[int, ...]]:
-        """Returns the mean and the ranks that took part (the lowest one is this step's leader)."""
-        with self.cond:
-            gen = self.generation
-            self.slots[rank] = (tensor, mark(tensor))
-            self._maybe_finish()
-            while self.generation == gen:
-                if abort.is_set():
-                    raise Aborted()
-                self.cond.wait(0.2)
-            assert self.result is not None
-            return receive(self.result, self.result_ready, tensor.device), self.group
-
-    def leave(self, rank: int) -> None:
-        with self.cond:
-            self.active.discard(rank)
-            self.slots.pop(rank, None)
-            self._maybe_finish()
 
 
 def lr_at(step: int, tr: TrainConfig) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.markup import escape
@@ -11,7 +10,7 @@ from rich.table import Table
 
 from dflashctl.cli.app import app
 from dflashctl.cli.common import Exit, HostsOpt, JsonOpt, console, error, print_json
-from dflashctl.config import Inventory, load_inventory
+from dflashctl.config import load_inventory
 from dflashctl.model import Host
 
 hosts_app = typer.Typer(
@@ -30,16 +29,6 @@ def version() -> None:
     print(__version__)
 
 
-def _host_json(host: Host, inv: Inventory) -> dict[str, Any]:
-    return {
-        "name": host.name, "default": host.name == inv.default, "transport": host.transport,
-        "address": host.address, "user": host.user, "port": host.port, "identity_file": host.identity_file,
-        "proxy_jump": host.proxy_jump, "container": host.container, "workspace": host.workspace,
-        "python": host.python, "gpus": {"target": list(host.gpus_target), "drafters": list(host.gpus_drafters)},
-        "config": host.config, "accept_new_host_key": host.accept_new_host_key,
-    }
-
-
 def _gpus(host: Host) -> str:
     if not host.gpus_target and not host.gpus_drafters:
         return "cpu"
@@ -55,8 +44,7 @@ def hosts_list(ctx: typer.Context, hosts: Path | None = HostsOpt, json_out: bool
         return
     inv = load_inventory(hosts)
     if json_out:
-        print_json({"source": str(inv.path) if inv.path else None, "default": inv.default,
-                    "hosts": [_host_json(inv.hosts[n], inv) for n in inv.names()]})
+        print_json(inv.to_record())
         return
     table = Table(title=f"hosts from {inv.source}", title_justify="left", title_style="")
     for col in ("", "NAME", "TRANSPORT", "ADDRESS", "CONTAINER", "WORKSPACE", "PYTHON", "GPUS"):
@@ -83,14 +71,14 @@ def hosts_check(
     """Connect to each host and check: container running, python, nvidia-smi + GPUs, workspace, disk.
 
     Exit 0 only when every check passes (warnings pass). Hosts are checked concurrently."""
-    from dflashctl.commands.hosts import check_hosts
+    from dflashctl.commands.hosts import check_exit_code, check_hosts, check_record
 
     inv = load_inventory(hosts or ctx.obj)
     selected = [inv.get(n) for n in names] if names else [inv.hosts[n] for n in inv.names()]
     reports = check_hosts(selected, timeout=timeout)
-    code = max((r.exit_code for r in reports), default=0, key=lambda c: (c != 0, c))
+    code = check_exit_code(reports)
     if json_out:
-        print_json({"ok": all(r.ok for r in reports), "hosts": [r.to_json() for r in reports]})
+        print_json(check_record(reports))
         raise Exit(code)
     table = Table(title=f"hosts check ({inv.source})", title_justify="left", title_style="")
     for col in ("HOST", "CHECK", "RESULT", "DETAIL"):

@@ -59,6 +59,16 @@ class HostReport:
                 "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in self.checks]}
 
 
+def check_exit_code(reports: Sequence[HostReport]) -> int:
+    """`hosts check`'s exit code: the highest non-zero code of any host (0 when every host passed)."""
+    return max((r.exit_code for r in reports), default=0, key=lambda c: (c != 0, c))
+
+
+def check_record(reports: Sequence[HostReport]) -> dict[str, Any]:
+    """`hosts check --json`."""
+    return {"ok": all(r.ok for r in reports), "hosts": [r.to_json() for r in reports]}
+
+
 def check_hosts(hosts: Sequence[Host], *, timeout: float = 60.0) -> list[HostReport]:
     """Check every host concurrently; reports come back in the order given."""
     if not hosts:

@@ -76,6 +76,16 @@ def test_hosts_json_has_schema_and_every_field(pve: PveEnv, capsys: pytest.Captu
     assert by_name["local"]["transport"] == "local" and by_name["local"]["gpus"] == {"target": [], "drafters": []}
 
 
+def test_hosts_json_carries_every_key_hosts_toml_can_set(pve: PveEnv, capsys: pytest.CaptureFixture) -> None:
+    """What a user's own trainer needs (its command, its tree, its progress format) shows in the JSON too."""
+    toml = pve_toml(pve, command=["torchrun", "--nproc-per-node", "2", "train.py"], code_source=str(pve.tmp),
+                    progress_regex=r"it (?P<step>\d+) loss (?P<loss>\S+)")
+    assert main(["hosts", "--hosts", str(toml), "--json"]) == 0
+    [host] = json.loads(capsys.readouterr().out)["hosts"]
+    assert host["command"] == ["torchrun", "--nproc-per-node", "2", "train.py"]
+    assert host["code_source"] == str(pve.tmp) and host["progress_regex"] == r"it (?P<step>\d+) loss (?P<loss>\S+)"
+
+
 # -- hosts check, passing ---------------------------------------------------------------------
 
 

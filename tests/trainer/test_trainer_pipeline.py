@@ -7,8 +7,9 @@ import threading
 import torch
 from trainer_harness import REPO, TINY
 
+from trainer.allreduce import AllReduce
 from trainer.config import load_config
-from trainer.pipeline import AllReduce, Trainer
+from trainer.pipeline import Trainer
 from trainer.streams import mark, receive, thread_streams
 from trainer.supervise import Fault
 
