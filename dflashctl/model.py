@@ -170,6 +170,53 @@ class GpuProcess:
     gpu_uuid: str | None
 
 
+@dataclass(frozen=True)
+class GpuReport:
+    """The probe's `gpus` piece as sent: NVML readings, or nvidia-smi CSV (with its header), or why neither.
+    Turned into GpuSamples by analysis/gpus.py `from_probe`, the one nvidia-smi reader."""
+
+    source: str | None  # "nvml" | "nvidia-smi" | None (no GPUs visible: see error)
+    nvml: tuple[dict[str, object], ...] = ()
+    smi_csv: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcRecord:
+    """A container process the probe reported (ours by marker, defunct, a defunct's parent, a GPU holder)."""
+
+    pid: int
+    ppid: int
+    pgid: int | None
+    state: str
+    run_id: str | None  # its DFLASH_RUN_ID marker
+    cmdline: str
+    starttime: int  # clock ticks since boot: with pid, the process's identity (pid reuse)
+    age_s: float
+    holds_gpu: bool
+    elsewhere: bool = False  # its DFLASH_RUN_DIR is another workspace's: a run of the same id, not ours
+
+
+@dataclass(frozen=True)
+class HostGpuProc:
+    """A GPU compute process seen from the Proxmox host, mapped to the pid its container sees."""
+
+    pid: int
+    ns_pid: int | None  # the pid inside the container (None: not in it)
+    used_memory_mib: MiB | None
+    gpu_uuid: str | None
+    in_container: bool
+
+
+@dataclass(frozen=True)
+class HostGpuReport:
+    """The host's GPU process list (`probe --host-gpu-procs`), or why there is none."""
+
+    csv: str | None
+    procs: tuple[HostGpuProc, ...] = ()
+    error: str | None = None
+
+
 @dataclass
 class ThreadState:
     name: str

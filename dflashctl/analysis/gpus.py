@@ -5,7 +5,7 @@ Accepted (the shapes people actually save and the probe actually returns):
   several samples in one file (`-l SEC` repeats the header, or rows restart at the first index);
 - `nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid` (header `used_gpu_memory [MiB]`);
 - the plain `nvidia-smi` table (`|  88283MiB /  81559MiB |  0%  Default |`);
-- NVML readings as dicts (the probe's `gpus.nvml`).
+- NVML readings as dicts (the probe's `gpus.nvml`); the probe's whole GPU piece (model.GpuReport): from_probe.
 `[N/A]`, `[Not Supported]`, `[Unknown Error]`, `[GPU is lost]` … become None, decided here, once.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from time import strptime
 from typing import Any
 
-from dflashctl.model import GpuProcess, GpuSample
+from dflashctl.model import GpuProcess, GpuReport, GpuSample
 
 # The probe's query (DESIGN §3); also the assumption for headerless rows with this many columns.
 PROBE_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu", "power.draw")
@@ -247,22 +247,24 @@ def sweeps(samples: Sequence[GpuSample]) -> list[tuple[GpuSample, ...]]:
     return [tuple(x) for x in out]
 
 
-def from_probe(report: Mapping[str, Any] | None, now: float | None = None,
+def from_probe(report: GpuReport | None, now: float | None = None,
                ) -> tuple[tuple[GpuSample, ...] | None, str | None]:
-    """The readings in one probe report's `gpus` field (NVML records, or nvidia-smi CSV in PROBE_FIELDS order),
-    or why there are none: the one reading of it that `status`, `stop` and `launch` share."""
-    g = report or {}
+    """The readings in one probe report's GPU piece (NVML records, or nvidia-smi CSV: its header names the columns;
+    a headerless one from an older probe is in PROBE_FIELDS order), or why there are none: the one reading of it
+    that `status`, `stop` and `launch` share."""
+    if report is None:
+        return None, None
     try:
-        if g.get("source") == "nvml":
-            return from_nvml(g.get("nvml") or [], now), g.get("error")
-        if g.get("source") == "nvidia-smi" and g.get("smi_csv") is not None:
-            return parse_query_csv(g["smi_csv"], PROBE_FIELDS).samples, g.get("error")
+        if report.source == "nvml":
+            return from_nvml(report.nvml, now), report.error
+        if report.source == "nvidia-smi" and report.smi_csv is not None:
+            return parse_query_csv(report.smi_csv, PROBE_FIELDS).samples, report.error
     except GpuParseError as e:
         return None, str(e)
-    return None, g.get("error")
+    return None, report.error
 
 
-def memory_by_index(report: Mapping[str, Any] | None) -> dict[int, float]:
-    """GPU index → memory used (MiB) in a probe report's `gpus` field; {} when unreadable."""
+def memory_by_index(report: GpuReport | None) -> dict[int, float]:
+    """GPU index → memory used (MiB) in a probe report's GPU piece; {} when unreadable."""
     samples, _ = from_probe(report)
     return {s.index: s.memory_used_mib for s in samples or () if s.memory_used_mib is not None}

@@ -129,7 +129,7 @@ def render(title: str, health: Health, *, extra: list[str] = (), history: bool =
 def render_view(v: status_cmd.StatusView, *, history: bool = False) -> RenderableType:
     extra = []
     if v.run:
-        extra.append(f"pid {v.run.get('pid') or '-'}")
+        extra.append(f"pid {v.run.pid or '-'}")
     if v.uptime_s is not None:
         extra.append(f"up {age(v.uptime_s)}")
     extra.append(f"last log {age(v.seconds_since_log)} ago" if v.seconds_since_log is not None else "last log -")
@@ -138,8 +138,8 @@ def render_view(v: status_cmd.StatusView, *, history: bool = False) -> Renderabl
         notes.append(f"reconnecting… ({v.reconnecting})")
     if v.settling:
         notes.append("the trainer is gone; waiting for the exit code its supervisor writes…")
-    code = (v.run or {}).get("exit_code")
-    ended = f"exited {code}" if v.health.verdict.is_terminal and isinstance(code, int) else None
+    code = v.run.exit_code if v.run else None
+    ended = f"exited {code}" if v.health.verdict.is_terminal and code is not None else None
     return render(f"{v.host} · run {v.run_id or '-'}", v.health, extra=extra, history=history, notes=notes,
                   ended=ended, gpu_note=gpu_note(v.gpu_error, has_gpus=bool(v.health.gpus)))
 

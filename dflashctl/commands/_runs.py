@@ -6,7 +6,6 @@ what `runs`, `stop` and `launch` need; `status` judges more (logs, heartbeat, GP
 
 from __future__ import annotations
 
-import base64
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from dflashctl.analysis.progress import custom
 from dflashctl.analysis.verdict import ProcessState, process_verdict
 from dflashctl.model import Host, Verdict
+from dflashctl.remote.report import RunRecord
 
 RUN_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
 JOB_KINDS = ("eval", "generate")  # runs that are not training: no steps to wait for (meta.json `kind`)
@@ -90,26 +90,27 @@ def host_progress(host: Host) -> re.Pattern[str] | None:
     return custom(host.progress_regex) if host.progress_regex else None
 
 
-def run_from_probe(doc: dict[str, Any], progress_regex: re.Pattern[str] | None = None) -> RunInfo:
-    hb = doc.get("heartbeat") if isinstance(doc.get("heartbeat"), dict) else None
-    step = _last_step(doc.get("log_tail_b64"), progress_regex)
+def run_from_probe(rec: RunRecord, progress_regex: re.Pattern[str] | None = None) -> RunInfo:
+    """The run as the verbs read it, from the probe's record (its last step from the log's tail when sent, else the
+    heartbeat's)."""
+    hb = rec.heartbeat
+    step = _last_step(rec.log_tail, progress_regex)
     if step is None and hb is not None and isinstance(hb.get("step"), int):
         step = hb["step"]
     return RunInfo(
-        id=doc["id"], dir=doc["dir"], pid=doc.get("pid"), alive=bool(doc.get("alive")),
-        exit_code=doc.get("exit_code"), stopped=bool(doc.get("stopped")), meta=doc.get("meta"),
-        heartbeat=hb, errors=doc.get("errors") or {}, last_step=step, log_size=doc.get("log_size"),
-        ended_at=doc.get("ended_at"), ending=bool(doc.get("ending")),
+        id=rec.id, dir=rec.dir, pid=rec.pid, alive=rec.alive, exit_code=rec.exit_code, stopped=rec.stopped,
+        meta=rec.meta, heartbeat=hb, errors=rec.errors, last_step=step, log_size=rec.log_size,
+        ended_at=rec.ended_at, ending=rec.ending,
     )
 
 
-def _last_step(tail_b64: str | None, progress_regex: re.Pattern[str] | None) -> int | None:
+def _last_step(tail: bytes, progress_regex: re.Pattern[str] | None) -> int | None:
     """The last training step in a log's tail, by the engine status and diagnose use (any trainer's format)."""
-    if not tail_b64:
+    if not tail:
         return None
     from dflashctl.analysis.logscan import scan
 
-    point = scan(base64.b64decode(tail_b64), progress_regex).last_step_point
+    point = scan(tail, progress_regex).last_step_point
     return int(point.values["step"]) if point is not None else None
 
 

@@ -54,27 +54,28 @@ def adopt(target: Target, pid: int, log: str, name: str | None = None) -> AdoptR
     doc = probe.probe_once(target, host.workspace, "latest", procs=True, gpus=False, log_max=0, pids=(pid,),
                            require_run=False)
     # the probe never lists itself or its callers (a pid of those is left to the launcher's own check)
-    proc = next((p for p in doc.get("procs") or [] if int(p["pid"]) == pid), None) or {}
-    if proc.get("state") in ("Z", "X"):
+    proc = next((p for p in doc.procs if p.pid == pid), None)
+    starttime = proc.starttime if proc else None
+    if proc and proc.state in ("Z", "X"):
         raise NotFound(f"process {pid} has exited (defunct) {_where(target)}")
-    if proc.get("run_id"):
-        raise ConfigError(f"pid {pid} is part of run {proc['run_id']}, which dflashctl launched; nothing to adopt",
-                          hint=f"it is already a run: dflashctl status {proc['run_id']}")
-    run = doc.get("run") or {}
-    adopted = (run.get("meta") or {}).get("adopted") or {}
-    if run.get("alive") and adopted.get("pid") == pid and adopted.get("starttime") == proc.get("starttime"):
-        raise ConfigError(f"pid {pid} is already adopted as run {run['id']}",
-                          hint=f"see it with dflashctl status {run['id']}")
-    if run.get("alive") and proc:  # (a pid we could not see: the launcher says first whether it exists)
-        raise LaunchRefused(f"run {run['id']} is still running on {host.name}; refusing to adopt a second run "
-                            "beside it", hint=f"stop it first: dflashctl stop {run['id']}")
-    name = name if name is not None else program_name(str(proc.get("cmdline") or "").split() or [f"pid{pid}"])
+    if proc and proc.run_id:
+        raise ConfigError(f"pid {pid} is part of run {proc.run_id}, which dflashctl launched; nothing to adopt",
+                          hint=f"it is already a run: dflashctl status {proc.run_id}")
+    run = doc.run
+    adopted = ((run.meta or {}).get("adopted") or {}) if run else {}
+    if run and run.alive and adopted.get("pid") == pid and adopted.get("starttime") == starttime:
+        raise ConfigError(f"pid {pid} is already adopted as run {run.id}",
+                          hint=f"see it with dflashctl status {run.id}")
+    if run and run.alive and proc:  # (a pid we could not see: the launcher says first whether it exists)
+        raise LaunchRefused(f"run {run.id} is still running on {host.name}; refusing to adopt a second run "
+                            "beside it", hint=f"stop it first: dflashctl stop {run.id}")
+    name = name if name is not None else program_name((proc.cmdline if proc else "").split() or [f"pid{pid}"])
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     spec = {
         "runs_dir": runs_dir(host.workspace),
         "base_id": f"{stamp}-{run_slug(name)}",
         "pid": pid,
-        "starttime": proc.get("starttime"),
+        "starttime": starttime,
         "log": log,
         "meta": {"name": name, "host": host.name, "container": host.container, "config": None, "code_hash": None,
                  "gpus": {"target": list(host.gpus_target), "drafters": list(host.gpus_drafters)}},

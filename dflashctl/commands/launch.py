@@ -24,6 +24,7 @@ from typing import Any
 
 from dflashctl.analysis.gpus import memory_by_index
 from dflashctl.analysis.progress import is_training_step
+from dflashctl.analysis.verdict import EndWatch
 from dflashctl.commands import deploy as deploy_cmd
 from dflashctl.commands import zombies
 from dflashctl.commands._runs import RunInfo, run_from_probe, runs_dir
@@ -44,6 +45,7 @@ from dflashctl.commands.waiting import LaunchFailed, LogKeeper, WaitFor, WaitRes
 from dflashctl.errors import ConfigError, DflashError, ExitCode, NotFound
 from dflashctl.model import Host
 from dflashctl.remote import probe, scripts
+from dflashctl.remote.report import ProbeReport
 from dflashctl.remote.target import Target
 
 # Other modules and tests import these from here (launch_cmd.wait, launch_cmd.parse_env …): they keep working.
@@ -258,19 +260,19 @@ def _requested_gpus(host: Host) -> tuple[int, ...]:
     return tuple(sorted(set(host.gpus_target) | set(host.gpus_drafters)))
 
 
-def _check_disk(doc: dict, workspace: str) -> None:
-    disk = doc.get("disk") or {}
-    free = disk.get("free_mib")
-    if free is not None and free < MIN_FREE_MIB:
-        raise LaunchRefused(f"only {free:.0f} MiB free on {disk.get('path') or workspace}; a run needs at least "
+def _check_disk(doc: ProbeReport, workspace: str) -> None:
+    disk = doc.disk
+    free = disk.free_mib if disk else None
+    if disk is not None and free is not None and free < MIN_FREE_MIB:
+        raise LaunchRefused(f"only {free:.0f} MiB free on {disk.path or workspace}; a run needs at least "
                             f"{MIN_FREE_MIB:.0f} MiB for its logs and checkpoints",
                             hint="remove old run directories under <workspace>/runs")
 
 
-def _check_gpus(doc: dict, requested: tuple[int, ...]) -> None:
+def _check_gpus(doc: ProbeReport, requested: tuple[int, ...]) -> None:
     if not requested:
         return
-    used = memory_by_index(doc.get("gpus"))
+    used = memory_by_index(doc.gpus)
     if not used:
         return
     held = {i: used[i] for i in requested if used.get(i, 0.0) > GPU_BUSY_MIB}
@@ -287,22 +289,21 @@ def confirm(target: Target, run_id: str, within_s: float | None = None) -> RunIn
     deadline = time.monotonic() + (CONFIRM_S if within_s is None else within_s)
     start = time.monotonic()
     log = LogKeeper()
-    dead_since: float | None = None
+    end = EndWatch()  # dead with no exit code: lost only after the grace (analysis/verdict.py)
     stream = probe.probe_stream(target, target.host.workspace, run_id, 0, 0.25, gpus=False, log_max=64 << 10)
     try:
         for doc in stream:
-            info = run_from_probe(doc["run"])
-            log.add(probe.decode_log(doc))
+            assert doc.run is not None  # the stream is for one named run: the probe reports it
+            info = run_from_probe(doc.run)
+            log.add(doc.log_data)
             if not info.alive and info.exit_code == 0:
                 return info
             if not info.alive and info.exit_code is not None:
                 break
-            if not info.alive and info.pid is not None:  # dead: give the supervisor a moment to record why
-                dead_since = dead_since or time.monotonic()
-                if time.monotonic() - dead_since > 2.0:
-                    break
+            if info.pid is not None and end.see(info.process, doc.time or time.time()) == "ended":
+                break
             # an ending run's trainer already exited: wait for the exit code its supervisor records after the reaping
-            started = info.alive and not info.ending and doc.get("log") is not None
+            started = info.alive and not info.ending and doc.log is not None
             if started and time.monotonic() - start >= ALIVE_FOR_S:
                 return info
             if time.monotonic() > deadline:

@@ -35,13 +35,12 @@ class LogTail:
 def tail(target: Target, run: str | None, lines: int = 50) -> LogTail:
     want = max(64 << 10, lines * TAIL_BYTES_PER_LINE)
     info, doc = get_run(target, run, log_max=want)
-    data = probe.decode_log(doc)
-    log = doc.get("log") or {}
-    text = data.decode("utf-8", "replace")
+    log = doc.log
+    text = doc.log_data.decode("utf-8", "replace")
     kept = text.splitlines()[-lines:] if lines > 0 else text.splitlines()
-    truncated = bool(log.get("offset")) or len(kept) < len(text.splitlines())
+    truncated = bool(log and log.offset) or len(kept) < len(text.splitlines())
     body = "\n".join(kept) + ("\n" if kept and text.endswith("\n") else "")
-    return LogTail(info, body, truncated, int(log.get("next_offset") or 0))
+    return LogTail(info, body, truncated, log.next_offset if log else 0)
 
 
 @dataclass
@@ -67,16 +66,13 @@ def follow(target: Target, run: str | None, *, from_start: bool = False, lines: 
     end = EndWatch()  # a trainer gone without an exit code is lost only after the grace
     try:
         for doc in stream:
-            info = run_from_probe(doc["run"]) if doc.get("run") else info
-            log = doc.get("log") or {}
-            data = probe.decode_log(doc)
-            yield FollowEvent(data, info, bool(log.get("rotated")))
-            drained = log.get("next_offset", 0) >= log.get("size", 0)
-            if not drained or info.pid is None:  # the grace counts from a drained log
+            info = run_from_probe(doc.run) if doc.run else info
+            yield FollowEvent(doc.log_data, info, bool(doc.log and doc.log.rotated))
+            if not doc.log_drained or info.pid is None:  # the grace counts from a drained log
                 end.gone_since = None
                 continue
             # an adopted run has no supervisor of ours to record its end; nobody wrote an exit code: lost
-            if end.see(info.process, float(doc.get("time") or 0.0), supervised=info.kind != "adopted") == "ended":
+            if end.see(info.process, doc.time or 0.0, supervised=info.kind != "adopted") == "ended":
                 return
     finally:
         stream.close()
@@ -113,8 +109,8 @@ def errors(target: Target, run: str | None) -> ErrorsView:
     """Whole tracebacks of crashed threads and ranks, launcher-reported rank failures and the final exception,
     never just the header line."""
     info, doc = get_run(target, run, log_max=ERRORS_MAX_BYTES)
-    report = logscan.scan(probe.decode_log(doc), host_progress(target.host))
+    report = logscan.scan(doc.log_data, host_progress(target.host))
     tbs = [tb for tb in report.tracebacks if not tb.ignored]
     order = report.crashed_workers()
-    return ErrorsView(info, tbs, info.errors, report.final_exception, (doc.get("log") or {}).get("offset") or 0,
+    return ErrorsView(info, tbs, info.errors, report.final_exception, doc.log.offset if doc.log else 0,
                       report.workers, report.root_cause or (order[0][1] if order else None))

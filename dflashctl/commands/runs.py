@@ -8,6 +8,7 @@ from typing import Any
 
 from dflashctl.commands._runs import RunInfo, host_progress, run_from_probe
 from dflashctl.remote import probe
+from dflashctl.remote.report import ProbeReport
 from dflashctl.remote.target import Target
 
 
@@ -29,15 +30,15 @@ def list_runs(target: Target) -> RunList:
     doc = probe.probe_once(target, target.host.workspace, "latest", runs=True, gpus=False, log_max=0,
                            require_run=False)
     regex = host_progress(target.host)
-    runs = [run_from_probe(r, regex) for r in doc.get("runs") or []]
-    latest = (doc.get("run") or {}).get("id")
-    return RunList(target.host.name, target.host.workspace, runs, latest, float(doc.get("time") or time.time()))
+    runs = [run_from_probe(r, regex) for r in doc.runs]
+    latest = doc.run.id if doc.run else None
+    return RunList(target.host.name, target.host.workspace, runs, latest, doc.time or time.time())
 
 
 def get_run(target: Target, run: str | None, *, log_offset: int | None = None, log_max: int = 0,
-            gpus: bool = False) -> tuple[RunInfo, dict]:
-    """One run (None or "latest": the newest) with the raw probe report; NotFound (102) if absent."""
+            gpus: bool = False) -> tuple[RunInfo, ProbeReport]:
+    """One run (None or "latest": the newest) with the probe's report; NotFound (102) if absent."""
     doc = probe.probe_once(target, target.host.workspace, run or "latest", log_offset=log_offset, log_max=log_max,
                            gpus=gpus)
-    info = run_from_probe(doc["run"])
-    return info, doc
+    assert doc.run is not None  # probe_once raised NotFound otherwise
+    return run_from_probe(doc.run), doc

@@ -7,7 +7,6 @@ into it. The CLI renders the `StatusView` it returns — the table and `--json` 
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import time
@@ -21,11 +20,13 @@ from dflashctl.analysis.gpus import from_probe
 from dflashctl.analysis.health import Evidence, GpuSweep, Health, Thresholds, judge
 from dflashctl.analysis.logscan import LogScanner
 from dflashctl.analysis.records import to_record
+from dflashctl.analysis.stepclock import StepClock
 from dflashctl.analysis.verdict import EndWatch, ProcessState
 from dflashctl.commands._runs import JOB_KINDS, host_progress
 from dflashctl.errors import ConnectFailed, DflashError, NotFound, RemoteTimeout
 from dflashctl.model import Host, Verdict
 from dflashctl.remote import probe
+from dflashctl.remote.report import ProbeReport, RunRecord
 from dflashctl.remote.target import Target
 
 HISTORY = 120  # GPU sweeps kept (utilisation history in watch mode)
@@ -37,7 +38,7 @@ class StatusView:
     """One moment of one run, as judged. Both the table and --json are built from this."""
 
     host: str
-    run: dict[str, Any] | None  # the probe's run record (id, dir, pid, alive, exit_code, meta …)
+    run: RunRecord | None  # the probe's run record (id, dir, pid, alive, exit_code, meta …)
     health: Health
     time: float | None  # the container's clock at the report
     uptime_s: float | None = None
@@ -52,20 +53,16 @@ class StatusView:
 
     @property
     def run_id(self) -> str | None:
-        return self.run.get("id") if self.run else None
+        return self.run.id if self.run else None
 
     @property
     def exit_code(self) -> int:
         return self.health.exit_code
 
     def to_record(self) -> dict[str, Any]:
-        run = self.run or {}
         rec = {
             "host": self.host,
-            "run": None if not self.run else {
-                "id": run.get("id"), "dir": run.get("dir"), "pid": run.get("pid"), "alive": run.get("alive"),
-                "ending": bool(run.get("ending")), "exit_code": run.get("exit_code"), "stopped": run.get("stopped"),
-            },
+            "run": None if self.run is None else self.run.to_record(),
             "time": self.time,
             "uptime_s": self.uptime_s,
             "seconds_since_log": self.seconds_since_log,
@@ -83,24 +80,24 @@ class StatusView:
         return rec
 
 
-def _job(run: dict) -> str | None:
+def _job(run: RunRecord) -> str | None:
     """What a run that is not training does (meta.json `kind` eval / generate, its `job` line), else None."""
-    meta = run.get("meta") or {}
+    meta = run.meta or {}
     if meta.get("kind", "train") not in JOB_KINDS:  # train, exec, adopted: a training program of some kind
         return None
     return str(meta.get("job") or f"a {meta.get('kind')} run")
 
 
-def _started_at(run: dict[str, Any]) -> float | None:
-    meta = run.get("meta") or {}
-    v = meta.get("started_at_epoch") if isinstance(meta, dict) else None
+def _started_at(run: RunRecord) -> float | None:
+    meta = run.meta or {}
+    v = meta.get("started_at_epoch")
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def gpu_sweep(doc: dict[str, Any]) -> tuple[GpuSweep | None, str | None]:
+def gpu_sweep(doc: ProbeReport) -> tuple[GpuSweep | None, str | None]:
     """The GPU readings of one probe report (NVML or nvidia-smi CSV), or why there are none."""
-    samples, error = from_probe(doc.get("gpus"), doc.get("time"))
-    return (GpuSweep(doc.get("time"), samples) if samples is not None else None), error
+    samples, error = from_probe(doc.gpus, doc.time)
+    return (GpuSweep(doc.time, samples) if samples is not None else None), error
 
 
 @dataclass
@@ -115,33 +112,34 @@ class Watcher:
     inode: int | None = None
     run_id: str | None = None
     from_start: bool = True
-    last_step: float | None = None
-    step_seen_at: float | None = None  # when the current step value was first seen
-    step_time_known: bool = False  # False: the step was already there at the first look (age unknown)
     last_log_at: float | None = None
     last: StatusView | None = None
     live: bool = False  # watching: a step seen at the first look counts as fresh until it stops moving
     end: EndWatch = field(default_factory=EndWatch)  # a gone process is lost only after the exit-code grace
+    steps: StepClock = field(init=False)  # when the last new step happened (the stall rule's clock)
 
-    def update(self, doc: dict[str, Any]) -> StatusView:
-        now = doc.get("time")
-        run = doc.get("run")
-        if run and run.get("id") != self.run_id:  # a different run: start over
+    def __post_init__(self) -> None:
+        self.steps = StepClock(self.thresholds.stall_window_s, live=self.live)
+
+    def update(self, doc: ProbeReport) -> StatusView:
+        now = doc.time
+        run = doc.run
+        if run and run.id != self.run_id:  # a different run: start over
             self.scanner.reset()
-            self.run_id, self.next_offset, self.inode = run.get("id"), None, None
-            self.last_step = self.step_seen_at = self.last_log_at = None
-        log = doc.get("log")
+            self.run_id, self.next_offset, self.inode = run.id, None, None
+            self.last_log_at = None
+            self.steps.reset()
+        log = doc.log
         if log:
-            data = base64.b64decode(log.get("data_b64") or "")
-            if log.get("rotated"):
+            data = log.data
+            if log.rotated:
                 self.scanner.reset()
                 self.from_start = True
             elif self.next_offset is None:
-                self.from_start = int(log.get("offset") or 0) == 0
+                self.from_start = log.offset == 0
                 if not self.from_start:  # a tail starts mid-line: skip to the first whole line
                     data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
-            mtime = log.get("mtime")
-            mtime = float(mtime) if isinstance(mtime, int | float) and not isinstance(mtime, bool) else None
+            mtime = log.mtime
             if data:
                 self.scanner.feed(data)
                 # the file's mtime is when these bytes were written (a tail read at the first look may be
@@ -149,34 +147,23 @@ class Watcher:
                 self.last_log_at = min(mtime, now) if mtime is not None and now is not None else (mtime or now)
             elif self.last_log_at is None and mtime is not None:
                 self.last_log_at = mtime
-            self.next_offset, self.inode = log.get("next_offset"), log.get("inode")
+            self.next_offset, self.inode = log.next_offset, log.inode
         sweep, gpu_error = gpu_sweep(doc)
         if sweep is not None:
             self.sweeps.append(sweep)
         report = self.scanner.report()
-        hb = (run or {}).get("heartbeat")
+        hb = run.heartbeat if run else None
         stepped = report.last_step_point  # a dict line without a step (HF Trainer) between two bars is no new step
         step = stepped.values.get("step") if stepped else None
-        if step is None and isinstance(hb, dict) and isinstance(hb.get("step"), int | float):
+        if step is None and hb is not None and isinstance(hb.get("step"), int | float):
             step = float(hb["step"])
-        if step != self.last_step:
-            first_look = self.last_step is None
-            self.last_step, self.step_seen_at = step, now
-            self.step_time_known = not first_look or self.live
-            mtime = (log or {}).get("mtime")
-            if first_look and isinstance(mtime, int | float) and step is not None:
-                self.step_seen_at, self.step_time_known = min(float(mtime), now or float(mtime)), True
-        progress_time = self.step_seen_at if self.step_time_known else None
-        if progress_time is None and self.step_seen_at is not None and now is not None \
-                and now - self.step_seen_at >= self.thresholds.stall_window_s:
-            progress_time = self.step_seen_at  # unchanged for a whole window since we first looked
+        progress_time = self.steps.see(step, now, log.mtime if log else None)
         process = ProcessState()
         if run:
-            process = ProcessState(alive=bool(run.get("alive")), exit_code=run.get("exit_code"),
-                                   stopped=bool(run.get("stopped")), started_at=_started_at(run),
-                                   ending=bool(run.get("ending")), job=_job(run))
+            process = ProcessState(alive=run.alive, exit_code=run.exit_code, stopped=run.stopped,
+                                   started_at=_started_at(run), ending=run.ending, job=_job(run))
         ev = Evidence(now=now, process=process, log=report, sweeps=list(self.sweeps),
-                      errors=(run or {}).get("errors") or {}, heartbeat=hb if isinstance(hb, dict) else None,
+                      errors=run.errors if run else {}, heartbeat=hb,
                       last_progress_time=progress_time)
         health = judge(ev, self.thresholds)
         started = process.started_at
@@ -186,7 +173,7 @@ class Watcher:
             host=self.host, run=run, health=health, time=now,
             uptime_s=(now - started) if started is not None and now is not None and process.alive else None,
             seconds_since_log=(now - self.last_log_at) if now is not None and self.last_log_at is not None else None,
-            log_path=(log or {}).get("path"), log_lines_from_start=self.from_start, gpu_error=gpu_error,
+            log_path=log.path if log else None, log_lines_from_start=self.from_start, gpu_error=gpu_error,
             log_offset=self.next_offset, log_bytes_scanned=self.scanner.bytes_scanned, settling=settling,
         )
         self.last = view
@@ -209,7 +196,7 @@ def status_once(target: Target, run: str | None = None, *, thresholds: Threshold
                 log_max: int = probe.DEFAULT_LOG_MAX) -> StatusView:
     """One probe round trip: the log's tail, GPUs, process state → a judged view."""
     doc = probe.probe_once(target, target.host.workspace, run or "latest", log_max=log_max, require_run=False)
-    if doc.get("run") is None:
+    if doc.run is None:
         raise _no_run(target.host, run)
     return Watcher(target.host.name, thresholds, scanner=LogScanner(host_progress(target.host))).update(doc)
 
@@ -228,7 +215,7 @@ def watch(connect: Callable[[], Target], run: str | None = None, *, interval: fl
                 if w is None:  # first look: the log's tail, then follow from its end
                     doc = probe.probe_once(target, target.host.workspace, run or "latest", log_max=log_max,
                                            require_run=False)
-                    if doc.get("run") is None:
+                    if doc.run is None:
                         raise _no_run(target.host, run)
                     w = Watcher(target.host.name, thresholds, live=True, scanner=LogScanner(host_progress(target.host)))
                     yield w.update(doc)

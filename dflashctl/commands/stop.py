@@ -12,6 +12,7 @@ from typing import Any
 from dflashctl.analysis.gpus import memory_by_index
 from dflashctl.commands.runs import get_run
 from dflashctl.errors import DflashError, ExitCode
+from dflashctl.model import GpuReport
 from dflashctl.remote import scripts
 from dflashctl.remote.target import Target
 
@@ -66,10 +67,10 @@ def stop(target: Target, run: str | None, *, grace_s: float = 30.0) -> StopResul
         raise NotRunning(f"run {info.id} ended before it could be stopped (exit code {res.get('exit_code')})")
     _, after = get_run(target, info.id, gpus=True)
     return StopResult(info.id, int(res["pid"]), int(res["exit_code"]), bool(res.get("escalated")),
-                      str(res.get("recorded_by")), _gpu_delta(before.get("gpus"), after.get("gpus")))
+                      str(res.get("recorded_by")), _gpu_delta(before.gpus, after.gpus))
 
 
-def _gpu_delta(before: dict | None, after: dict | None) -> dict[int, float] | None:
+def _gpu_delta(before: GpuReport | None, after: GpuReport | None) -> dict[int, float] | None:
     b, a = memory_by_index(before), memory_by_index(after)
     if not b or not a:
         return None

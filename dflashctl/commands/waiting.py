@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dflashctl.analysis.progress import is_training_step
+from dflashctl.analysis.verdict import EndWatch
 from dflashctl.commands._runs import RunInfo, run_from_probe
 from dflashctl.errors import DflashError, ExitCode
 from dflashctl.remote import probe
@@ -150,6 +151,7 @@ def wait(target: Target, run_id: str, what: WaitFor, timeout_s: float | None,
     pending = b""
     first_step: str | None = None
     log = LogKeeper()
+    end = EndWatch()  # dead with no exit code: ended (lost) only after the grace
     stream = probe.probe_stream(target, target.host.workspace, run_id, 0, 0.5, gpus=False)
     info: RunInfo | None = None
 
@@ -159,8 +161,9 @@ def wait(target: Target, run_id: str, what: WaitFor, timeout_s: float | None,
 
     try:
         for doc in stream:
-            info = run_from_probe(doc["run"])
-            data = probe.decode_log(doc)
+            assert doc.run is not None  # the stream is for one named run: the probe reports it
+            info = run_from_probe(doc.run)
+            data = doc.log_data
             if on_log and data:
                 on_log(data)
             log.add(data)
@@ -172,8 +175,8 @@ def wait(target: Target, run_id: str, what: WaitFor, timeout_s: float | None,
                                    if is_training_step(t)), None)
                 if first_step is not None and what == "step":
                     return result(True)
-            drained = (doc.get("log") or {}).get("next_offset", 0) >= (doc.get("log") or {}).get("size", 0)
-            ended = not info.alive and (info.exit_code is not None or info.pid is not None)
+            drained = doc.log_drained
+            ended = info.pid is not None and end.see(info.process, doc.time or time.time()) == "ended"
             if what == "started" and info.alive and not info.ending:
                 return result(True)
             if ended and drained:

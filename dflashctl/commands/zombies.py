@@ -16,16 +16,14 @@ from dflashctl.remote.target import Target
 def scan(target: Target, named_pids: tuple[int, ...] = ()) -> ZombieScan:
     """One probe (processes, latest run) plus, on a container host, the host's GPU process list."""
     host_gpu = probe.probe_host_gpu_procs(target)
-    on_gpu = tuple(int(p["ns_pid"]) for p in (host_gpu or {}).get("procs") or []
-                   if p.get("in_container") and p.get("ns_pid") is not None)
+    on_gpu = tuple(p.ns_pid for p in host_gpu.procs if p.in_container and p.ns_pid is not None)
     doc = probe.probe_once(target, target.host.workspace, "latest", procs=True, gpus=False, log_max=0,
                            pids=tuple(named_pids) + on_gpu, require_run=False)
-    run = doc.get("run") or {}
-    current = run.get("id") if run.get("alive") else None
-    adopted = (run.get("meta") or {}).get("adopted") if current else None
+    run = doc.run
+    current = run.id if run and run.alive else None
+    adopted = (run.meta or {}).get("adopted") if run and current else None
     protected = (int(adopted["pid"]),) if isinstance(adopted, dict) and adopted.get("pid") else ()
-    return classify(doc.get("procs") or [], current, host_gpu, named_pids, set(doc.get("run_ids") or []),
-                    protected=protected)
+    return classify(list(doc.procs), current, host_gpu, named_pids, set(doc.run_ids), protected=protected)
 
 
 @dataclass

@@ -19,22 +19,28 @@ plus log_size and log_tail_b64, its last bytes), host_gpu_procs (with --host-gpu
 log.mtime is train.log's modification time (when it last grew).
 The log: with --log-offset the bytes from there (at most --log-max); without, the last --log-max
 bytes; a file that shrank below the offset or changed inode is read from 0 with "rotated": true.
-The probe never reports itself or its ancestors (the caller) in procs.
+The probe never reports itself or its ancestors (the caller) in procs. gpus.smi_csv is nvidia-smi's
+`--format=csv,nounits` output, header included (analysis/gpus.py reads the columns by their names).
+
+probe_once / probe_stream return typed reports (remote/report.py, parsed once here); probe_doc / stream_docs give
+the raw dicts, for tests of the probe program itself.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from functools import lru_cache
 
 from dflashctl.agent.probe.main import PROBE_VERSION
 from dflashctl.errors import DflashError, ExitCode, NotFound
+from dflashctl.model import HostGpuReport
+from dflashctl.remote.report import ProbeReport, check_version, parse_report
 from dflashctl.remote.scripts import module_source, parse_replies, parse_reply
 from dflashctl.remote.target import Target
 
-__all__ = ["PROBE_VERSION", "build_script", "decode_log", "parse_frames", "probe_args",
-           "probe_host_gpu_procs", "probe_once", "probe_stream"]
+__all__ = ["PROBE_VERSION", "build_script", "decode_log", "parse_frames", "probe_args", "probe_doc",
+           "probe_host_gpu_procs", "probe_once", "probe_stream", "stream_docs"]
 
 DEFAULT_LOG_MAX = 1 << 20
 
@@ -46,7 +52,7 @@ def build_script() -> str:
 
 
 def parse_frames(text: str | bytes) -> list[dict]:
-    """Every report in `text`, in order; unframed or torn lines are skipped."""
+    """Every report's raw doc in `text`, in order, its version checked; unframed or torn lines are skipped."""
     return [_checked(doc) for doc in parse_replies(text)]
 
 
@@ -56,14 +62,12 @@ def _parse_line(line: str) -> dict | None:
 
 
 def _checked(doc: dict) -> dict:
-    if doc.get("probe_version") != PROBE_VERSION:
-        raise DflashError(f"probe version {doc.get('probe_version')!r} does not match this CLI ({PROBE_VERSION})",
-                          hint="the probe is sent with every command; is an old dflashctl on PATH?")
+    check_version(doc)
     return doc
 
 
 def decode_log(doc: dict) -> bytes:
-    """The log bytes a report carries (empty when it carries none)."""
+    """The log bytes a raw report carries (empty when it carries none); typed reports have `log_data`."""
     log = doc.get("log") or {}
     return base64.b64decode(log.get("data_b64") or "")
 
@@ -92,9 +96,18 @@ def probe_args(workspace: str | None, run: str | None = None, log_offset: int | 
 def probe_once(target: Target, workspace: str, run: str | None = None, log_offset: int | None = None,
                procs: bool = False, gpus: bool = True, *, runs: bool = False, log_max: int = DEFAULT_LOG_MAX,
                log_inode: int | None = None, pids: tuple[int, ...] = (), require_run: bool = True,
-               timeout: float | None = 60) -> dict:
+               timeout: float | None = 60) -> ProbeReport:
     """One report. Raises NotFound when `run` was asked for, does not exist and require_run is set.
     pids: processes to report with --procs even when nothing marks them as interesting."""
+    return parse_report(probe_doc(target, workspace, run, log_offset, procs, gpus, runs=runs, log_max=log_max,
+                                  log_inode=log_inode, pids=pids, require_run=require_run, timeout=timeout))
+
+
+def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset: int | None = None,
+              procs: bool = False, gpus: bool = True, *, runs: bool = False, log_max: int = DEFAULT_LOG_MAX,
+              log_inode: int | None = None, pids: tuple[int, ...] = (), require_run: bool = True,
+              timeout: float | None = 60) -> dict:
+    """probe_once's reply as the raw dict the probe sent (its version checked): for tests of the probe itself."""
     args = probe_args(workspace, run, log_offset, procs=procs, gpus=gpus, runs=runs, log_max=log_max,
                       log_inode=log_inode, pids=pids)
     res = target.python(build_script(), *args, timeout=timeout)
@@ -110,7 +123,20 @@ def probe_once(target: Target, workspace: str, run: str | None = None, log_offse
 
 def probe_stream(target: Target, workspace: str, run: str | None, log_offset: int | None, interval: float,
                  *, procs: bool = False, gpus: bool = True, log_max: int = DEFAULT_LOG_MAX,
-                 log_inode: int | None = None) -> Iterator[dict]:
+                 log_inode: int | None = None) -> Iterator[ProbeReport]:
+    """stream_docs, each report typed. Close the iterator to stop the probe."""
+    docs = stream_docs(target, workspace, run, log_offset, interval, procs=procs, gpus=gpus, log_max=log_max,
+                       log_inode=log_inode)
+    try:
+        for doc in docs:
+            yield parse_report(doc)
+    finally:
+        docs.close()
+
+
+def stream_docs(target: Target, workspace: str, run: str | None, log_offset: int | None, interval: float,
+                *, procs: bool = False, gpus: bool = True, log_max: int = DEFAULT_LOG_MAX,
+                log_inode: int | None = None) -> Generator[dict, None, None]:
     """One report per interval from a single long-running probe (no per-poll `pct exec` cost); each
     carries only the log bytes new since the previous one. Close the iterator to stop the probe.
     log_inode: the inode the offset belongs to, so a log rotated between reconnects (a new file that
@@ -133,7 +159,7 @@ def probe_stream(target: Target, workspace: str, run: str | None, log_offset: in
         raise _no_report(target, None, "the watch probe ended without a report")
 
 
-def probe_host_gpu_procs(target: Target, timeout: float | None = 60) -> dict:
+def probe_host_gpu_procs(target: Target, timeout: float | None = 60) -> HostGpuReport:
     """GPU compute processes with their memory, keyed by the pids the target sees. On a container
     host this runs `python3` on the Proxmox host itself (nvidia-smi inside LXC lists no processes)
     and maps through cgroup + NSpid; elsewhere nvidia-smi's pids are the target's own."""
@@ -146,9 +172,10 @@ def probe_host_gpu_procs(target: Target, timeout: float | None = 60) -> dict:
                               timeout=timeout)
     docs = parse_frames(res.stdout)
     if not docs:
-        return {"csv": None, "procs": [], "error": f"host probe printed no report (exit {res.exit_code}): "
-                f"{res.tail() or 'no output'}"}
-    return docs[-1].get("host_gpu_procs") or {"csv": None, "procs": [], "error": "no host_gpu_procs field"}
+        return HostGpuReport(None, (), f"host probe printed no report (exit {res.exit_code}): "
+                             f"{res.tail() or 'no output'}")
+    found = parse_report(docs[-1]).host_gpu_procs
+    return found if found is not None else HostGpuReport(None, (), "no host_gpu_procs field")
 
 
 def _no_report(target: Target, code: int | None, tail: str) -> DflashError:

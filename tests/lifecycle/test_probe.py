@@ -14,7 +14,7 @@ import pytest
 from dflashctl.agent.lib.frame import SENTINEL, frame
 from dflashctl.agent.probe.procs import host_gpu_procs
 from dflashctl.errors import DflashError, NotFound
-from dflashctl.remote.probe import build_script, decode_log, parse_frames, probe_once, probe_stream
+from dflashctl.remote.probe import build_script, decode_log, parse_frames, probe_doc, stream_docs
 
 from .conftest import write_config
 
@@ -62,20 +62,20 @@ def test_log_reads_resume_from_an_offset_and_restart_after_rotation(local_host, 
     ws = local_host.workspace_dir
     rd = make_run(ws, "r1", b"line1\nline2\n")
     with local_host.connect() as t:
-        a = probe_once(t, str(ws), "r1", log_offset=0, gpus=False)
+        a = probe_doc(t, str(ws), "r1", log_offset=0, gpus=False)
         assert decode_log(a) == b"line1\nline2\n" and a["log"]["next_offset"] == 12
         with open(rd / "train.log", "ab") as f:
             f.write(b"line3\n")
-        b = probe_once(t, str(ws), "r1", log_offset=12, log_inode=a["log"]["inode"], gpus=False)
+        b = probe_doc(t, str(ws), "r1", log_offset=12, log_inode=a["log"]["inode"], gpus=False)
         assert decode_log(b) == b"line3\n" and not b["log"]["rotated"]
         (rd / "train.log").write_bytes(b"new\n")  # truncated: smaller than the offset
-        c = probe_once(t, str(ws), "r1", log_offset=18, gpus=False)
+        c = probe_doc(t, str(ws), "r1", log_offset=18, gpus=False)
         assert c["log"]["rotated"] and decode_log(c) == b"new\n"
         os.rename(rd / "train.log", rd / "train.log.1")  # rotated: a different file, maybe larger
         (rd / "train.log").write_bytes(b"x" * 40)
-        d = probe_once(t, str(ws), "r1", log_offset=4, log_inode=c["log"]["inode"], gpus=False)
+        d = probe_doc(t, str(ws), "r1", log_offset=4, log_inode=c["log"]["inode"], gpus=False)
         assert d["log"]["rotated"] and d["log"]["offset"] == 0 and decode_log(d) == b"x" * 40
-        tail = probe_once(t, str(ws), "r1", log_max=8, gpus=False)  # no offset: the last log_max bytes
+        tail = probe_doc(t, str(ws), "r1", log_max=8, gpus=False)  # no offset: the last log_max bytes
         assert tail["log"]["offset"] == 32 and decode_log(tail) == b"x" * 8
 
 
@@ -84,7 +84,7 @@ def test_log_record_carries_the_files_mtime(local_host):
     rd = make_run(ws, "r1", b"step=1\n")
     os.utime(rd / "train.log", (1_700_000_000.5, 1_700_000_000.5))
     with local_host.connect() as t:
-        doc = probe_once(t, str(ws), "r1", gpus=False)
+        doc = probe_doc(t, str(ws), "r1", gpus=False)
     assert doc["log"]["mtime"] == 1_700_000_000.5
 
 
@@ -92,10 +92,10 @@ def test_stream_given_the_old_inode_rereads_a_log_rotated_between_reconnects(loc
     ws = local_host.workspace_dir
     rd = make_run(ws, "r1", b"old1\nold2\n")
     with local_host.connect() as t:
-        a = probe_once(t, str(ws), "r1", log_offset=0, gpus=False)
+        a = probe_doc(t, str(ws), "r1", log_offset=0, gpus=False)
         os.rename(rd / "train.log", rd / "train.log.1")  # rotated while no probe was watching ...
         (rd / "train.log").write_bytes(b"new file, already longer than the old offset\n")  # ... and grew past it
-        stream = probe_stream(t, str(ws), "r1", a["log"]["next_offset"], 0.1, gpus=False,
+        stream = stream_docs(t, str(ws), "r1", a["log"]["next_offset"], 0.1, gpus=False,
                               log_inode=a["log"]["inode"])
         try:
             doc = next(stream)
@@ -110,7 +110,7 @@ def test_watch_mode_sends_only_new_bytes_each_interval(local_host):
     rd = make_run(ws, "r1", b"")
     got = b""
     with local_host.connect() as t:
-        stream = probe_stream(t, str(ws), "r1", 0, 0.1, gpus=False)
+        stream = stream_docs(t, str(ws), "r1", 0, 0.1, gpus=False)
         try:
             for i, doc in enumerate(stream):
                 got += decode_log(doc)
@@ -135,14 +135,14 @@ def test_a_reused_pid_does_not_make_a_dead_run_alive(local_host):
         make_run(ws, "r1", pid=stranger.pid)  # the recorded pid now belongs to someone else
         make_run(ws, "r2", pid=marked.pid)
         with local_host.connect() as t:
-            assert probe_once(t, str(ws), "r1", gpus=False)["run"]["alive"] is False
-            doc = probe_once(t, str(ws), "r2", gpus=False, procs=True)
+            assert probe_doc(t, str(ws), "r1", gpus=False)["run"]["alive"] is False
+            doc = probe_doc(t, str(ws), "r2", gpus=False, procs=True)
             assert doc["run"]["alive"] is True
             mine = {p["pid"]: p for p in doc["procs"]}
             assert mine[marked.pid]["run_id"] == "r2" and stranger.pid not in mine
             marked.kill()
             marked.wait()
-            assert probe_once(t, str(ws), "r2", gpus=False)["run"]["alive"] is False
+            assert probe_doc(t, str(ws), "r2", gpus=False)["run"]["alive"] is False
     finally:
         for p in (stranger, marked):
             p.kill()
@@ -151,32 +151,35 @@ def test_a_reused_pid_does_not_make_a_dead_run_alive(local_host):
 
 def test_a_missing_run_is_not_found(local_host):
     with local_host.connect() as t, pytest.raises(NotFound) as e:
-        probe_once(t, str(local_host.workspace_dir), "nope", gpus=False)
+        probe_doc(t, str(local_host.workspace_dir), "nope", gpus=False)
     assert e.value.exit_code == 102
 
 
 def test_gpus_come_from_the_nvidia_smi_csv_when_nvml_is_absent(local_host):
     local_host.set_gpus([{"memory.used": 88283, "utilization.gpu": 0}, {"memory.used": 512}])
     with local_host.connect() as t:
-        doc = probe_once(t, str(local_host.workspace_dir), gpus=True)
+        doc = probe_doc(t, str(local_host.workspace_dir), gpus=True)
     g = doc["gpus"]
     if g["source"] == "nvml":  # a real driver on this machine: NVML wins, as designed
         pytest.skip("real NVML present: the nvidia-smi fallback is not used here")
     assert g["source"] == "nvidia-smi" and g["error"] is None
-    rows = [line.split(", ") for line in g["smi_csv"].splitlines()]
+    header, *lines = g["smi_csv"].splitlines()  # the CSV crosses with nvidia-smi's header: it names the columns
+    assert header == ("index, uuid, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%], "
+                      "power.draw [W]")
+    rows = [line.split(", ") for line in lines]
     assert [(r[0], r[3]) for r in rows] == [("0", "88283"), ("1", "512")]
 
 
 def test_a_broken_driver_is_an_error_field_not_a_crash(local_host):
     local_host.gpus.fail()
     with local_host.connect() as t:
-        doc = probe_once(t, str(local_host.workspace_dir), gpus=True)
+        doc = probe_doc(t, str(local_host.workspace_dir), gpus=True)
     assert doc["gpus"]["source"] is None and "exit 9" in doc["gpus"]["error"]
 
 
 def test_disk_free_is_reported_for_the_workspace(local_host):
     with local_host.connect() as t:
-        doc = probe_once(t, str(local_host.workspace_dir / "not-yet"), gpus=False)
+        doc = probe_doc(t, str(local_host.workspace_dir / "not-yet"), gpus=False)
     assert doc["disk"]["free_mib"] > 0 and doc["disk"]["path"] == str(local_host.workspace_dir)
 
 

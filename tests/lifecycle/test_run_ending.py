@@ -27,7 +27,7 @@ from dflashctl.analysis.health import Evidence, ProcessState, judge
 from dflashctl.analysis.logscan import scan
 from dflashctl.commands import stop as stop_command
 from dflashctl.model import Verdict
-from dflashctl.remote.probe import probe_once
+from dflashctl.remote.probe import probe_doc
 
 from .conftest import FAKE_TRAINER, alive, kill_quietly, marker_of, proc_state, wait_until, write_config
 
@@ -109,7 +109,7 @@ def test_one_shot_readers_see_an_ending_run_alive_until_its_exit_code_is_written
         assert again.code == 2 and f"run {run_id} is still running" in again.err
         assert _live_latest(str(local_host.workspace_dir / "runs")) == run_id  # and so does the launcher's check
         with local_host.connect() as t:
-            run = probe_once(t, str(local_host.workspace_dir), run_id, gpus=False)["run"]
+            run = probe_doc(t, str(local_host.workspace_dir), run_id, gpus=False)["run"]
         assert run["alive"] is True and run["ending"] is True and run["supervisor_pid"] == supervisor
 
     wait_until(lambda: (rd / "exit_code").exists(), what="exit_code written by the supervisor")
@@ -152,7 +152,7 @@ def test_a_run_without_supervisor_pid_is_alive_while_a_marked_process_of_its_gro
         state = run_state(old1, str(rd))
         assert state["alive"] is True and state["ending"] is True and state["supervisor_pid"] is None
         with local_host.connect() as t:  # the assembled probe says the same as the piece
-            doc = probe_once(t, str(ws), old1, gpus=False, runs=True)
+            doc = probe_doc(t, str(ws), old1, gpus=False, runs=True)
         assert doc["run"]["alive"] is True and doc["run"]["ending"] is True
         assert [r["alive"] for r in doc["runs"]] == [True]
         refused = cli("launch", "--source", str(FAKE_TRAINER), "--name", "next")

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from dflashctl.analysis.zombies import classify
+from dflashctl.remote.report import parse_host_gpu, parse_proc
 
 from .zombie_scenario import local_box, pve_box, run_decoy_scenario
 
@@ -25,9 +29,43 @@ def test_kill_zombies_kills_only_earlier_runs_in_a_container(pve, cli, tmp_path)
     run_decoy_scenario(cli, pve_box(pve), tmp_path)
 
 
-def proc(pid, run_id=None, state="S", ppid=1, holds_gpu=False, cmd="python -m trainer"):
-    return {"pid": pid, "ppid": ppid, "pgid": pid, "state": state, "run_id": run_id, "cmdline": cmd,
-            "starttime": 1000 + pid, "age_s": 10.0, "holds_gpu": holds_gpu}
+def proc(pid, run_id=None, state="S", ppid=1, holds_gpu=False, cmd="python -m trainer", elsewhere=False):
+    return parse_proc({"pid": pid, "ppid": ppid, "pgid": pid, "state": state, "run_id": run_id, "cmdline": cmd,
+                       "starttime": 1000 + pid, "age_s": 10.0, "holds_gpu": holds_gpu, "elsewhere": elsewhere})
+
+
+def test_a_process_of_another_workspaces_run_of_the_same_id_is_left_alone():
+    scan = classify([proc(12, "same", holds_gpu=True, elsewhere=True), proc(13, "same"),
+                     proc(14, "cur", elsewhere=True)], current="cur", known_runs={"same", "cur"})
+    rows = {r.pid: r for r in scan.rows}
+    assert rows[12].action == "skip" and "not in this workspace" in rows[12].why
+    assert rows[13].action == "kill" and 14 not in rows
+
+
+def _marked_sleeper(run_id: str, run_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "DFLASH_RUN_ID": run_id, "DFLASH_RUN_DIR": str(run_dir)}
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env)
+
+
+def test_a_run_of_the_same_id_in_another_workspace_is_never_a_zombie(local_host, cli, tmp_path):
+    """Two workspaces can hold a run of the same id (same name, same second): only the process whose
+    DFLASH_RUN_DIR is this workspace's run directory of that id is ours to end."""
+    run_id = "20261201-101500-prog"
+    ours_dir = local_host.workspace_dir / "runs" / run_id
+    ours_dir.mkdir(parents=True)
+    (ours_dir / "exit_code").write_text("0\n")  # an earlier run of this workspace, ended
+    theirs = _marked_sleeper(run_id, tmp_path / "other-workspace" / "runs" / run_id)
+    mine = _marked_sleeper(run_id, ours_dir)
+    try:
+        res = cli("kill-zombies", "--dry-run", "--json")
+        assert res.code == 0, res.err
+        rows = {r["pid"]: r for r in json.loads(res.out)["zombies"]}
+        assert rows[mine.pid]["action"] == "kill"
+        assert theirs.pid not in rows  # holds no GPU: another workspace's process is not even listed
+    finally:
+        for p in (theirs, mine):
+            p.kill()
+            p.wait()
 
 
 def test_unmarked_gpu_holders_are_listed_but_never_killed():
@@ -51,8 +89,8 @@ def test_host_gpu_memory_is_mapped_to_container_pids():
         {"pid": 91452, "ns_pid": 30, "used_memory_mib": 46000.0, "gpu_uuid": "GPU-5", "in_container": True},
         {"pid": 5000, "ns_pid": None, "used_memory_mib": 1000.0, "gpu_uuid": "GPU-1", "in_container": False},
     ]}
-    scan = classify([proc(30, "old", holds_gpu=True), proc(31, holds_gpu=False)], current="new", host_gpu=host,
-                    known_runs={"old", "new"})
+    scan = classify([proc(30, "old", holds_gpu=True), proc(31, holds_gpu=False)], current="new",
+                    host_gpu=parse_host_gpu(host), known_runs={"old", "new"})
     rows = {r.pid: r for r in scan.rows}
     assert rows[30].gpu_mib == 134000.0 and rows[30].action == "kill"
     assert 31 not in rows
@@ -61,7 +99,8 @@ def test_host_gpu_memory_is_mapped_to_container_pids():
 def test_a_gpu_holder_seen_only_from_the_host_is_listed_not_killed():
     host = {"error": None, "procs": [{"pid": 7, "ns_pid": 40, "used_memory_mib": 500.0, "gpu_uuid": "G",
                                       "in_container": True}]}
-    rows = {r.pid: r for r in classify([proc(40)], current=None, host_gpu=host, known_runs=set()).rows}
+    rows = {r.pid: r for r in classify([proc(40)], current=None, host_gpu=parse_host_gpu(host),
+                                                 known_runs=set()).rows}
     assert rows[40].action == "skip" and rows[40].gpu_mib == 500.0
 
 

@@ -9,6 +9,7 @@ from rich.console import Console
 
 from dflashctl.cli.status import render_view
 from dflashctl.commands.status import Watcher
+from dflashctl.remote.report import parse_report
 
 NO_SMI = ("no GPUs visible: nvidia-smi not found "
           "(NVMLError_LibraryNotFound: NVML Shared Library Not Found)")
@@ -34,7 +35,7 @@ def report(t: float, data: bytes, *, alive: bool = True, exit_code: int | None =
 def text(doc: dict, *, history: bool = False) -> str:
     out = io.StringIO()
     Console(file=out, width=160, color_system=None, force_terminal=False).print(
-        render_view(Watcher("local", live=True).update(doc), history=history))
+        render_view(Watcher("local", live=True).update(parse_report(doc)), history=history))
     return out.getvalue()
 
 
@@ -51,7 +52,7 @@ def test_live_cpu_run_one_line_header_no_exit_code_and_a_short_gpu_line() -> Non
 
 
 def test_the_nvml_detail_stays_in_json() -> None:
-    v = Watcher("local").update(report(1000.0, STEPS, gpu_error=NO_SMI))
+    v = Watcher("local").update(parse_report(report(1000.0, STEPS, gpu_error=NO_SMI)))
     assert v.to_record()["gpu_error"] == NO_SMI
 
 

@@ -6,6 +6,7 @@ import base64
 
 from dflashctl.commands.status import Watcher
 from dflashctl.model import Verdict
+from dflashctl.remote.report import parse_report
 
 SMI_IDLE = "0, GPU-00000000-0000-4000-8000-000000000000, NVIDIA H200, 88283, 143771, 0, 118.00\n"
 
@@ -29,18 +30,19 @@ def steps(a: int, b: int) -> bytes:
 def test_no_new_step_for_the_stall_window_is_stalled() -> None:
     w = Watcher("pve", live=True)
     data = steps(1, 6)
-    assert w.update(report(1000.0, data)).health.verdict == Verdict.TRAINING
-    v = w.update(report(1200.0, offset=len(data)))
+    assert w.update(parse_report(report(1000.0, data))).health.verdict == Verdict.TRAINING
+    v = w.update(parse_report(report(1200.0, offset=len(data))))
     assert v.health.verdict == Verdict.TRAINING and v.health.seconds_since_progress == 200
-    v = w.update(report(1301.0, offset=len(data)))
+    v = w.update(parse_report(report(1301.0, offset=len(data))))
     assert v.health.verdict == Verdict.STALLED and v.exit_code == 104
     assert v.seconds_since_log == 301
 
 
 def test_first_look_in_watch_mode_trusts_moving_steps_but_one_shot_trusts_idle_gpus() -> None:
     data = steps(1, 6)
-    assert Watcher("pve", live=True).update(report(50.0, data, smi=SMI_IDLE)).health.verdict == Verdict.TRAINING
-    v = Watcher("pve").update(report(50.0, data, smi=SMI_IDLE))
+    assert Watcher("pve", live=True).update(parse_report(report(50.0, data, smi=SMI_IDLE))).health.verdict \
+        == Verdict.TRAINING
+    v = Watcher("pve").update(parse_report(report(50.0, data, smi=SMI_IDLE)))
     assert v.health.verdict == Verdict.STALLED  # one look, every GPU holding memory at 0 %: the seed's picture
     assert [str(g.finding) for g in v.health.gpus] == ["idle-allocated"]
 
@@ -48,10 +50,10 @@ def test_first_look_in_watch_mode_trusts_moving_steps_but_one_shot_trusts_idle_g
 def test_rotated_log_is_read_again_from_line_one() -> None:
     w = Watcher("pve", live=True)
     first = steps(1, 100)
-    w.update(report(1.0, first))
+    w.update(parse_report(report(1.0, first)))
     new = b"step=100 loss=2.0\nTraceback (most recent call last):\n  File \"t.py\", line 1, in <module>\n" \
           b"torch.OutOfMemoryError: CUDA out of memory.\n"
-    v = w.update(report(2.0, new, rotated=True, inode=8, alive=False, exit_code=1))
+    v = w.update(parse_report(report(2.0, new, rotated=True, inode=8, alive=False, exit_code=1)))
     assert v.health.verdict == Verdict.CRASHED
     assert v.health.hits[0].line == 4  # counted in the new file, not after the old one's 99 lines
     assert v.log_bytes_scanned == len(new)  # the scanner was reset: only the new file counts
@@ -59,27 +61,27 @@ def test_rotated_log_is_read_again_from_line_one() -> None:
 
 def test_a_tail_that_starts_mid_line_skips_the_partial_line() -> None:
     w = Watcher("pve")
-    v = w.update(report(1.0, b"=4 loss=9.9 tok/s=1\nstep=5 loss=3.0 tok/s=100.0\n", offset=123456))
+    v = w.update(parse_report(report(1.0, b"=4 loss=9.9 tok/s=1\nstep=5 loss=3.0 tok/s=100.0\n", offset=123456)))
     assert v.health.progress["step"] == 5 and not v.log_lines_from_start
     assert v.to_record()["log"]["lines_from_start"] is False
 
 
 def test_new_run_behind_latest_starts_over() -> None:
     w = Watcher("pve", live=True)
-    w.update(report(1.0, steps(1, 50)))
+    w.update(parse_report(report(1.0, steps(1, 50))))
     doc = report(2.0, steps(1, 3))
     doc["run"]["id"] = "r2"
-    v = w.update(doc)
+    v = w.update(parse_report(doc))
     assert v.run_id == "r2" and v.health.progress["step"] == 2 and v.log_bytes_scanned == len(steps(1, 3))
 
 
 def test_one_shot_last_log_age_comes_from_the_logs_mtime() -> None:
     doc = report(1000.0, steps(1, 6))
     doc["log"]["mtime"] = 958.0  # the probe's stat of train.log: last written 42 s before the report
-    v = Watcher("pve").update(doc)
+    v = Watcher("pve").update(parse_report(doc))
     assert v.seconds_since_log == 42
     del doc["log"]["mtime"]  # an older probe: no mtime, the bytes count as just seen
-    assert Watcher("pve").update(doc).seconds_since_log == 0
+    assert Watcher("pve").update(parse_report(doc)).seconds_since_log == 0
 
 
 def test_a_watch_does_not_call_a_run_lost_while_its_exit_code_is_being_written() -> None:
@@ -87,12 +89,13 @@ def test_a_watch_does_not_call_a_run_lost_while_its_exit_code_is_being_written()
     from dflashctl.commands.status import is_failure
 
     w = Watcher("pve", live=True)
-    w.update(report(100.0, steps(1, 6)))
-    gone = w.update(report(101.0, offset=len(steps(1, 6)), alive=False))  # exited; supervisor still reaping
+    w.update(parse_report(report(100.0, steps(1, 6))))
+    # exited; supervisor still reaping
+    gone = w.update(parse_report(report(101.0, offset=len(steps(1, 6)), alive=False)))
     assert gone.health.verdict == Verdict.LOST and gone.settling and not is_failure(gone)
-    done = w.update(report(102.0, offset=len(steps(1, 6)), alive=False, exit_code=0))
+    done = w.update(parse_report(report(102.0, offset=len(steps(1, 6)), alive=False, exit_code=0)))
     assert done.health.verdict == Verdict.FINISHED and not done.settling
     w = Watcher("pve", live=True)
-    w.update(report(100.0, steps(1, 6), alive=False))
-    lost = w.update(report(100.0 + EXIT_CODE_GRACE_S, offset=len(steps(1, 6)), alive=False))
+    w.update(parse_report(report(100.0, steps(1, 6), alive=False)))
+    lost = w.update(parse_report(report(100.0 + EXIT_CODE_GRACE_S, offset=len(steps(1, 6)), alive=False)))
     assert lost.health.verdict == Verdict.LOST and not lost.settling and is_failure(lost)  # nobody wrote one

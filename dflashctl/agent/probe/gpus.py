@@ -1,4 +1,7 @@
-"""The probe's GPU samples, NVML when importable and working, else nvidia-smi CSV, else none."""
+"""The probe's GPU samples, NVML when importable and working, else nvidia-smi CSV, else none.
+
+The CSV crosses as nvidia-smi printed it, header included, so the laptop's one parser (analysis/gpus.py) reads
+the columns by name rather than by position."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ def gpu_report() -> dict:
         nvml_error = f"{type(e).__name__}: {e}"
     try:
         res = subprocess.run(
-            ["nvidia-smi", "--query-gpu=" + SMI_QUERY, "--format=csv,noheader,nounits"],
+            ["nvidia-smi", "--query-gpu=" + SMI_QUERY, "--format=csv,nounits"],  # with its header: it names the columns
             stdin=subprocess.DEVNULL, capture_output=True, timeout=20,
         )
     except FileNotFoundError:

@@ -64,7 +64,8 @@ def report(args: argparse.Namespace, offset, inode) -> dict:
     if args.gpus:
         doc["gpus"] = gpu_report()
     if args.procs:
-        doc["procs"] = scan_procs(exclude=(os.getpid(),), include=tuple(args.pid))
+        doc["procs"] = scan_procs(exclude=(os.getpid(),), include=tuple(args.pid),
+                                  runs_dir=os.path.join(args.workspace, "runs") if args.workspace else None)
         if args.workspace:
             doc["run_ids"] = run_ids(os.path.join(args.workspace, "runs"))
     if args.host_gpu_procs:

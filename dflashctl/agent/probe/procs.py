@@ -8,7 +8,15 @@ import re
 import subprocess
 import time
 
-from dflashctl.agent.lib.procfs import boot_time, proc_age_s, proc_cmdline, proc_marker, proc_stat
+from dflashctl.agent.lib.procfs import (
+    RUN_DIR_VAR,
+    boot_time,
+    proc_age_s,
+    proc_cmdline,
+    proc_env_var,
+    proc_marker,
+    proc_stat,
+)
 
 
 def holds_gpu(pid: int) -> bool:
@@ -26,7 +34,16 @@ def holds_gpu(pid: int) -> bool:
     return False
 
 
-def scan_procs(exclude: tuple = (), include: tuple = ()) -> list:
+def elsewhere(pid: int, marker: str, runs_dir: str | None) -> bool:
+    """The process names, beside its run id, a run directory that is not runs_dir's run of that id: it belongs to
+    another workspace (runs of one id can exist in two). Older runs, started before DFLASH_RUN_DIR, cannot say."""
+    run_dir = proc_env_var(pid, RUN_DIR_VAR)
+    if runs_dir is None or not run_dir:
+        return False
+    return os.path.realpath(run_dir) != os.path.realpath(os.path.join(runs_dir, marker))
+
+
+def scan_procs(exclude: tuple = (), include: tuple = (), runs_dir: str | None = None) -> list:
     """The interesting processes. The probe itself and its ancestors (the shell, `pct exec`, the
     dflashctl that called it, which may run inside a run's environment) are never reported."""
     now, btime = time.time(), boot_time()
@@ -59,6 +76,7 @@ def scan_procs(exclude: tuple = (), include: tuple = ()) -> list:
             "pid": pid, "ppid": st["ppid"], "pgid": st["pgid"], "state": st["state"],
             "run_id": marker, "cmdline": proc_cmdline(pid), "starttime": st["starttime"],
             "age_s": round(proc_age_s(st["starttime"], now, btime), 1), "holds_gpu": gpu,
+            "elsewhere": bool(marker) and elsewhere(pid, marker, runs_dir),
         })
     return out
 

@@ -1,0 +1,197 @@
+"""The probe's report as typed records, parsed once where the reply arrives (probe.py).
+
+The probe (agent/probe/main.py) replies with one JSON dict; commands read these records instead, so every missing
+or malformed value is decided here, once: a number that is not one is None, a flag is a bool, a missing list is
+empty, the log's bytes are decoded. The fields are the probe's (see probe.py's docstring for their meaning).
+GPU readings stay as sent (model.GpuReport): analysis/gpus.py `from_probe` is the one reader of nvidia-smi text.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflashctl.agent.probe.main import PROBE_VERSION
+from dflashctl.errors import DflashError
+from dflashctl.model import GpuReport, HostGpuProc, HostGpuReport, ProcRecord
+
+__all__ = ["DiskReport", "LogChunk", "ProbeReport", "RunRecord", "check_version", "parse_gpus", "parse_host_gpu",
+           "parse_proc", "parse_report", "parse_run"]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run directory's state (agent/lib/runstate.py run_state). meta, heartbeat and errors are the trainer's
+    and launcher's own files, kept as the JSON they are (None where the file is absent or not an object)."""
+
+    id: str
+    dir: str
+    pid: int | None
+    alive: bool
+    exit_code: int | None
+    stopped: bool
+    meta: dict[str, Any] | None = None
+    heartbeat: dict[str, Any] | None = None
+    errors: dict[str, Any] = field(default_factory=dict)  # errors/<thread>.json by thread
+    ending: bool = False  # alive, but the trainer is gone: its supervisor is reaping the group
+    supervisor_pid: int | None = None
+    ended_at: float | None = None  # mtime of exit_code (container clock)
+    log_size: int | None = None  # with --runs
+    log_tail: bytes = b""  # with --runs: the log's last bytes, for its last step
+
+    def to_record(self) -> dict[str, Any]:
+        """The run as `status --json` prints it."""
+        return {"id": self.id, "dir": self.dir, "pid": self.pid, "alive": self.alive, "ending": self.ending,
+                "exit_code": self.exit_code, "stopped": self.stopped}
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """train.log bytes from `offset` (a rotated or truncated file is read again from 0)."""
+
+    path: str | None
+    size: int
+    inode: int | None
+    mtime: float | None  # when the log last grew
+    offset: int
+    next_offset: int
+    data: bytes
+    rotated: bool = False
+
+    @property
+    def drained(self) -> bool:
+        """Every byte the file had when it was read has been sent."""
+        return self.next_offset >= self.size
+
+
+@dataclass(frozen=True)
+class DiskReport:
+    path: str | None
+    free_mib: float | None
+    total_mib: float | None
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """One probe report. Pieces not asked for are None / empty."""
+
+    probe_version: int
+    time: float | None  # the container's clock
+    hostname: str | None = None
+    run: RunRecord | None = None
+    run_requested: str | None = None
+    log: LogChunk | None = None
+    gpus: GpuReport | None = None
+    disk: DiskReport | None = None
+    procs: tuple[ProcRecord, ...] = ()
+    run_ids: tuple[str, ...] = ()
+    runs: tuple[RunRecord, ...] = ()
+    host_gpu_procs: HostGpuReport | None = None
+
+    @property
+    def log_data(self) -> bytes:
+        """The log bytes this report carries (empty when it carries none)."""
+        return self.log.data if self.log is not None else b""
+
+    @property
+    def log_drained(self) -> bool:
+        """No log bytes are left past this report's (true when it carries no log)."""
+        return self.log is None or self.log.drained
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _float(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _str(v: object) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _dict(v: object) -> dict[str, Any] | None:
+    return v if isinstance(v, dict) else None
+
+
+def _list(v: object) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def _b64(v: object) -> bytes:
+    if not isinstance(v, str) or not v:
+        return b""
+    try:
+        return base64.b64decode(v)
+    except (binascii.Error, ValueError):
+        return b""
+
+
+def check_version(doc: Mapping[str, Any]) -> None:
+    """A report of another probe version is refused: its fields may mean something else."""
+    if doc.get("probe_version") != PROBE_VERSION:
+        raise DflashError(f"probe version {doc.get('probe_version')!r} does not match this CLI ({PROBE_VERSION})",
+                          hint="the probe is sent with every command; is an old dflashctl on PATH?")
+
+
+def parse_run(doc: Mapping[str, Any]) -> RunRecord:
+    return RunRecord(
+        id=str(doc["id"]), dir=str(doc["dir"]), pid=_int(doc.get("pid")), alive=bool(doc.get("alive")),
+        exit_code=_int(doc.get("exit_code")), stopped=bool(doc.get("stopped")), meta=_dict(doc.get("meta")),
+        heartbeat=_dict(doc.get("heartbeat")), errors=_dict(doc.get("errors")) or {},
+        ending=bool(doc.get("ending")), supervisor_pid=_int(doc.get("supervisor_pid")),
+        ended_at=_float(doc.get("ended_at")), log_size=_int(doc.get("log_size")),
+        log_tail=_b64(doc.get("log_tail_b64")),
+    )
+
+
+def _parse_log(doc: Mapping[str, Any]) -> LogChunk:
+    data = _b64(doc.get("data_b64"))
+    offset = _int(doc.get("offset")) or 0
+    next_offset = _int(doc.get("next_offset"))
+    return LogChunk(path=_str(doc.get("path")), size=_int(doc.get("size")) or 0, inode=_int(doc.get("inode")),
+                    mtime=_float(doc.get("mtime")), offset=offset,
+                    next_offset=offset + len(data) if next_offset is None else next_offset, data=data,
+                    rotated=bool(doc.get("rotated")))
+
+
+def parse_gpus(doc: Mapping[str, Any]) -> GpuReport:
+    return GpuReport(source=_str(doc.get("source")), nvml=tuple(r for r in _list(doc.get("nvml"))
+                                                                  if isinstance(r, dict)),
+                     smi_csv=_str(doc.get("smi_csv")), error=_str(doc.get("error")))
+
+
+def parse_proc(doc: Mapping[str, Any]) -> ProcRecord:
+    return ProcRecord(pid=int(doc["pid"]), ppid=int(doc["ppid"]), pgid=_int(doc.get("pgid")), state=str(doc["state"]),
+                      run_id=_str(doc.get("run_id")) or None, cmdline=_str(doc.get("cmdline")) or "",
+                      starttime=int(doc["starttime"]), age_s=_float(doc.get("age_s")) or 0.0,
+                      holds_gpu=bool(doc.get("holds_gpu")), elsewhere=bool(doc.get("elsewhere")))
+
+
+def parse_host_gpu(doc: Mapping[str, Any]) -> HostGpuReport:
+    procs = tuple(HostGpuProc(pid=int(p["pid"]), ns_pid=_int(p.get("ns_pid")),
+                              used_memory_mib=_float(p.get("used_memory_mib")), gpu_uuid=_str(p.get("gpu_uuid")),
+                              in_container=bool(p.get("in_container")))
+                  for p in _list(doc.get("procs")) if isinstance(p, dict))
+    return HostGpuReport(csv=_str(doc.get("csv")), procs=procs, error=_str(doc.get("error")))
+
+
+def parse_report(doc: Mapping[str, Any]) -> ProbeReport:
+    """The typed report of one probe reply's doc; DflashError for another probe version."""
+    check_version(doc)
+    run, log, gpus, disk, host = (_dict(doc.get(k)) or None for k in ("run", "log", "gpus", "disk", "host_gpu_procs"))
+    return ProbeReport(
+        probe_version=PROBE_VERSION, time=_float(doc.get("time")), hostname=_str(doc.get("hostname")),
+        run=parse_run(run) if run is not None else None, run_requested=_str(doc.get("run_requested")),
+        log=_parse_log(log) if log is not None else None, gpus=parse_gpus(gpus) if gpus is not None else None,
+        disk=DiskReport(_str(disk.get("path")), _float(disk.get("free_mib")), _float(disk.get("total_mib")))
+        if disk is not None else None,
+        procs=tuple(parse_proc(p) for p in _list(doc.get("procs")) if isinstance(p, dict)),
+        run_ids=tuple(r for r in _list(doc.get("run_ids")) if isinstance(r, str)),
+        runs=tuple(parse_run(r) for r in _list(doc.get("runs")) if isinstance(r, dict)),
+        host_gpu_procs=parse_host_gpu(host) if host is not None else None,
+    )
