@@ -7,7 +7,7 @@ what `runs`, `stop` and `launch` need; `status` judges more (logs, heartbeat, GP
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Any
 
 from dflashctl.analysis.progress import custom
@@ -19,21 +19,11 @@ RUN_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
 JOB_KINDS = ("eval", "generate")  # runs that are not training: no steps to wait for (meta.json `kind`)
 
 
-@dataclass
-class RunInfo:
-    id: str
-    dir: str
-    pid: int | None
-    alive: bool
-    exit_code: int | None
-    stopped: bool
-    meta: dict[str, Any] | None
-    heartbeat: dict[str, Any] | None = None
-    errors: dict[str, Any] = field(default_factory=dict)
-    last_step: int | None = None
-    log_size: int | None = None
-    ended_at: float | None = None  # when exit_code was written (container clock)
-    ending: bool = False  # alive, but the trainer has exited: its supervisor is reaping the group (no exit code yet)
+@dataclass(frozen=True)
+class RunInfo(RunRecord):
+    """The probe's record of a run, with what the verbs derive from it: its last step, kind and verdict."""
+
+    last_step: int | None = None  # from the log's tail (any trainer's format), else the heartbeat
 
     @property
     def is_job(self) -> bool:
@@ -97,11 +87,7 @@ def run_from_probe(rec: RunRecord, progress_regex: re.Pattern[str] | None = None
     step = _last_step(rec.log_tail, progress_regex)
     if step is None and hb is not None and isinstance(hb.get("step"), int):
         step = hb["step"]
-    return RunInfo(
-        id=rec.id, dir=rec.dir, pid=rec.pid, alive=rec.alive, exit_code=rec.exit_code, stopped=rec.stopped,
-        meta=rec.meta, heartbeat=hb, errors=rec.errors, last_step=step, log_size=rec.log_size,
-        ended_at=rec.ended_at, ending=rec.ending,
-    )
+    return RunInfo(**{f.name: getattr(rec, f.name) for f in fields(rec)}, last_step=step)
 
 
 def _last_step(tail: bytes, progress_regex: re.Pattern[str] | None) -> int | None:
