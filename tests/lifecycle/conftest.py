@@ -67,15 +67,20 @@ def alive(pid: int) -> bool:
     return proc_state(pid) not in (None, "Z", "X")
 
 
-def marker_of(pid: int) -> str | None:
+def env_var(pid: int, name: str) -> str | None:
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return None
+    key = name.encode() + b"="
     for item in env:
-        if item.startswith(b"DFLASH_RUN_ID="):
-            return item.split(b"=", 1)[1].decode()
+        if item.startswith(key):
+            return item[len(key):].decode()
     return None
+
+
+def marker_of(pid: int) -> str | None:
+    return env_var(pid, "DFLASH_RUN_ID")
 
 
 def run_dir(workspace: Path, run_id: str) -> Path:
@@ -94,11 +99,15 @@ def kill_quietly(pid: int) -> None:
 @pytest.fixture(autouse=True)
 def _no_run_outlives_its_test(tmp_path: Path):
     """Safety net: after each test, end (by pid, after checking the marker) any local process of a run
-    whose directory is under this test's tmp_path, so a failing test never leaves a trainer behind."""
+    whose directory is under this test's tmp_path, so a failing test never leaves a trainer behind. The marker
+    alone is not enough: a test in another worker can hold a run of the same id (same name, same second), so the
+    process's DFLASH_RUN_DIR must lie under this test's tmp_path too."""
     yield
     ours = {p.name for p in tmp_path.glob("**/runs/*") if p.is_dir() and not p.is_symlink()}
     if not ours:
         return
     for name in os.listdir("/proc"):
         if name.isdigit() and marker_of(int(name)) in ours:
-            kill_quietly(int(name))
+            run_dir = env_var(int(name), "DFLASH_RUN_DIR")
+            if run_dir and Path(run_dir).resolve().is_relative_to(tmp_path.resolve()):
+                kill_quietly(int(name))

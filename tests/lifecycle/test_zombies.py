@@ -137,7 +137,7 @@ def test_host_side_gpu_processes_are_mapped_into_the_container(pve, cli):
     runs = pve.workspace_dir / "dflash" / "runs"
     (runs / "20200101-000000-old").mkdir(parents=True)
     box = pve_box(pve)
-    old = box.start("sleeper", "20200101-000000-old", "gpu-old")[0]
+    old = box.start("sleeper", "20200101-000000-old", "gpu-old", f"{pve.host.workspace}/runs/20200101-000000-old")[0]
     anon = box.start("sleeper", None, "gpu-anon")[0]
     init = int((pve.sshd.pct_state / "run" / f"{pve.ctid}.pid").read_text().split()[0])
     ns = os.readlink(f"/proc/{init}/ns/pid")
@@ -172,7 +172,8 @@ def test_gpu_memory_of_processes_on_a_host_without_container(local_host, cli, tm
     """Without LXC, nvidia-smi's pids are the host's own: GPU MiB per process straight from it."""
     (local_host.workspace_dir / "runs" / "20200101-000000-old").mkdir(parents=True)
     box = local_box(tmp_path)
-    old = box.start("sleeper", "20200101-000000-old", "old")[0]
+    old = box.start("sleeper", "20200101-000000-old", "old",
+                    str(local_host.workspace_dir / "runs" / "20200101-000000-old"))[0]
     anon = box.start("sleeper", None, "anon")[0]
     try:
         local_host.set_gpus([{"memory.used": 92000}], processes=[{"pid": old, "used_memory": 88000, "gpu": 0},
@@ -199,7 +200,7 @@ def _reaper(spec: dict) -> dict:
 
 def test_a_pid_reused_since_the_scan_is_not_signalled(tmp_path):
     box = local_box(tmp_path)
-    pid = box.start("sleeper", "20200101-000000-old", "reused")[0]
+    pid = box.start("sleeper", "20200101-000000-old", "reused", str(tmp_path / "runs" / "20200101-000000-old"))[0]
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         start = int(stat[stat.rfind(")") + 2:].split()[19])

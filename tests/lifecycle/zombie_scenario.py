@@ -22,7 +22,9 @@ from .conftest import DECOY, FAKE_TRAINER, CliResult, write_config
 class Box:
     """Where decoys run and how their state is read: this machine, or inside the test container."""
 
-    start: Callable[[str, str | None, str], list[int]]  # (mode, marker, tag) -> pids
+    # (mode, marker, tag, run_dir) -> pids. A marked decoy names its run directory too, as every process our
+    # launcher starts does: a run of the same id in another workspace (another test, in parallel) is not it.
+    start: Callable[[str, str | None, str, str | None], list[int]]
     state: Callable[[int], str | None]  # /proc state letter, None when gone
 
     def alive(self, pid: int) -> bool:
@@ -47,11 +49,13 @@ def _wait_pidfile(path: Path, timeout: float = 20.0) -> list[int]:
 
 
 def local_box(tmp: Path) -> Box:
-    def start(mode: str, marker: str | None, tag: str) -> list[int]:
+    def start(mode: str, marker: str | None, tag: str, run_dir: str | None = None) -> list[int]:
         pidfile = tmp / f"decoy-{tag}.pid"
         env = {"PATH": "/usr/bin:/bin", "DECOY_PIDFILE": str(pidfile)}
         if marker:
             env["DFLASH_RUN_ID"] = marker
+        if run_dir:
+            env["DFLASH_RUN_DIR"] = run_dir
         subprocess.run([sys.executable, str(DECOY), mode], env=env, check=True, timeout=30)
         return _wait_pidfile(pidfile)
 
@@ -66,11 +70,13 @@ def local_box(tmp: Path) -> Box:
 
 
 def pve_box(pve) -> Box:
-    def start(mode: str, marker: str | None, tag: str) -> list[int]:
+    def start(mode: str, marker: str | None, tag: str, run_dir: str | None = None) -> list[int]:
         name = f"decoy-{tag}.pid"
         argv = ["env", f"DECOY_PIDFILE=/workspace/{name}"]
         if marker:
             argv.append(f"DFLASH_RUN_ID={marker}")
+        if run_dir:
+            argv.append(f"DFLASH_RUN_DIR={run_dir}")
         res = pve.exec([*argv, "python3", str(DECOY), mode], timeout=30)
         assert res.returncode == 0, res.stderr
         return _wait_pidfile(Path(pve.workspace_dir) / name)
@@ -90,14 +96,14 @@ def run_decoy_scenario(cli: Callable[..., CliResult], box: Box, tmp: Path) -> No
     earlier = cli("launch", "--source", str(FAKE_TRAINER), "--config", str(short), "--name", "earlier",
                   "--wait-for", "exit", "--json")
     assert earlier.code == 0, earlier.err
-    earlier_id = earlier.json()["run_id"]
+    earlier_id, earlier_dir = earlier.json()["run_id"], earlier.json()["run_dir"]
     current = cli("launch", "--source", str(FAKE_TRAINER), "--name", "current", "--json")
     assert current.code == 0, current.err
     cur = current.json()
     cur_pid, cur_id = cur["pid"], cur["run_id"]
 
-    leftover = box.start("sleeper", earlier_id, "leftover")[0]
-    parent, defunct = box.start("defunct-parent", earlier_id, "defunct")
+    leftover = box.start("sleeper", earlier_id, "leftover", earlier_dir)[0]
+    parent, defunct = box.start("defunct-parent", earlier_id, "defunct", earlier_dir)
     lookalike = box.start("sleeper", None, "lookalike")[0]
     elsewhere = box.start("sleeper", "20200101-000000-other-workspace", "elsewhere")[0]
     assert box.state(defunct) == "Z"
@@ -129,7 +135,7 @@ def run_decoy_scenario(cli: Callable[..., CliResult], box: Box, tmp: Path) -> No
 
     # launch's preflight: another leftover of the earlier run blocks a launch until it is cleaned
     assert cli("stop", cur_id).code == 103
-    straggler = box.start("sleeper", earlier_id, "straggler")[0]
+    straggler = box.start("sleeper", earlier_id, "straggler", earlier_dir)[0]
     blocked = cli("launch", "--source", str(FAKE_TRAINER), "--name", "next")
     assert blocked.code == 2 and "earlier runs are still alive" in blocked.err and str(straggler) in blocked.err
     assert "--kill-zombies" in blocked.err and box.alive(straggler)

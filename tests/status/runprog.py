@@ -61,7 +61,8 @@ def start_local(workspace: Path, run_id: str, step_s: float = 0.2) -> tuple[Path
     with (run / "train.log").open("wb") as log:
         proc = subprocess.Popen([sys.executable, str(run / "prog.py"), str(run), str(step_s)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**os.environ, "DFLASH_RUN_ID": run_id})
+                                start_new_session=True,
+                                env={**os.environ, "DFLASH_RUN_ID": run_id, "DFLASH_RUN_DIR": str(run)})
     (run / "pid").write_text(f"{proc.pid}\n")
     return run, proc
 
@@ -72,7 +73,7 @@ def start_in_container(pve, run_id: str, step_s: float = 0.2) -> Path:  # noqa: 
     run = new_run_dir(ws, run_id)
     (run / "prog.py").write_text(PROGRAM)
     inside = f"/workspace/dflash/runs/{run_id}"
-    script = (f"cd {inside} && DFLASH_RUN_ID={run_id} setsid python3 prog.py {inside} {step_s} "
+    script = (f"cd {inside} && DFLASH_RUN_ID={run_id} DFLASH_RUN_DIR={inside} setsid python3 prog.py {inside} {step_s} "
               f"</dev/null >train.log 2>&1 & echo $! > {inside}/pid")
     res = pve.exec(["sh", "-c", script])
     assert res.returncode == 0, res

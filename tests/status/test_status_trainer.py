@@ -27,7 +27,7 @@ def start_trainer(workspace: Path, run_id: str, policy: str) -> subprocess.Popen
             [sys.executable, "-m", "trainer", "--config", "trainer/configs/tiny-cpu.toml", "--run-dir", str(run),
              *FAST, "--set", f"runtime.on_worker_failure={policy}"],
             cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "DFLASH_RUN_ID": run_id, "DFLASH_FAULT": "drafter-1@3"})
+            env={**os.environ, "DFLASH_RUN_ID": run_id, "DFLASH_RUN_DIR": str(run), "DFLASH_FAULT": "drafter-1@3"})
     (run / "pid").write_text(f"{proc.pid}\n")
     return proc
 

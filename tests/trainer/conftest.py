@@ -20,7 +20,7 @@ def start_trainer(tmp_path):
         run_dir = run_dir or tmp_path / "run"
         run_dir.mkdir(parents=True, exist_ok=True)
         log = run_dir / "train.log"
-        full_env = {**os.environ, "DFLASH_RUN_ID": run_dir.name, **(env or {})}
+        full_env = {**os.environ, "DFLASH_RUN_ID": run_dir.name, "DFLASH_RUN_DIR": str(run_dir), **(env or {})}
         full_env.pop("DFLASH_FAULT", None) if not (env and "DFLASH_FAULT" in env) else None
         with open(log, "ab") as fh:
             proc = subprocess.Popen([sys.executable, "-m", "trainer", "--config", config, "--run-dir", str(run_dir),
