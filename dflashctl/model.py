@@ -14,7 +14,6 @@ from typing import Literal
 MiB = float
 Percent = float
 Watts = float
-Seconds = float
 
 SCHEMA = 1  # every JSON document we print carries "schema": SCHEMA
 

@@ -23,7 +23,6 @@ from dflashctl.model import GpuProcess, GpuReport, GpuSample
 # The probe's query (DESIGN §3); also the assumption for headerless rows with this many columns.
 PROBE_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu", "power.draw")
 SEED_FIELDS = ("index", "memory.used", "utilization.gpu")
-APPS_FIELDS = ("pid", "used_memory", "gpu_uuid")
 
 _FIELD_ALIASES = {
     "gpu_uuid": "uuid", "gpu_name": "name", "used_gpu_memory": "used_memory", "utilization.gpu": "utilization.gpu",

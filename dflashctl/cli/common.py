@@ -52,10 +52,6 @@ HostOpt = typer.Option(None, "--host", "-H", help="host name from hosts.toml (de
 JsonOpt = typer.Option(False, "--json", help="print JSON (schema 1) instead of a table")
 
 
-def hosts_path(value: Path | None) -> Path | None:
-    return value
-
-
 @contextmanager
 def open_target(hosts: Path | None, host: str | None) -> Iterator[Target]:
     """The host chosen by --hosts/--host, connected, and closed on every path out of the verb."""

@@ -15,7 +15,6 @@ from dflashctl.analysis.verdict import ProcessState, process_verdict
 from dflashctl.model import Host, Verdict
 from dflashctl.remote.report import RunRecord
 
-RUN_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
 JOB_KINDS = ("eval", "generate")  # runs that are not training: no steps to wait for (meta.json `kind`)
 
 

@@ -130,11 +130,6 @@ def bundled_trainer() -> Path:
     raise ConfigError("no local `trainer` package to deploy", hint="run from a checkout or pass --source DIR")
 
 
-def trainer_source(source: Path | None = None, host: Host | None = None) -> Path:
-    """The local directory that is deployed (kept for callers that want only the path)."""
-    return resolve_source(host, source).path
-
-
 def _size(n: int) -> str:
     return f"{n / MiB / 1024:.1f} GiB" if n >= 1024 * MiB else f"{n / MiB:.1f} MiB"
 
