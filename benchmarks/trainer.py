@@ -55,9 +55,11 @@ def attention_paths(reps: int) -> list[tuple[str, float]]:
     from torch.nn.attention.flex_attention import flex_attention
 
     from trainer.config import Config
+    from trainer.layers import sdpa_attend
     from trainer.loss import block_inputs
     from trainer.masks import dense_mask, flex_block_mask
-    from trainer.model import TinyTarget, build_drafter, sdpa_attend
+    from trainer.model import build_drafter
+    from trainer.tiny_target import TinyTarget
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)

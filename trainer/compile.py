@@ -16,8 +16,9 @@ import torch
 from torch import Tensor
 
 from trainer.config import RuntimeConfig
+from trainer.layers import sdpa_attend
 from trainer.loss import dflash_loss
-from trainer.model import Drafter, sdpa_attend
+from trainer.model import Drafter
 
 StepFn = Callable[..., tuple[Tensor, Tensor, Tensor]]
 

@@ -167,6 +167,6 @@ def build_target(cfg: Config) -> Any:
     devices = list(cfg.devices.target)
     if cfg.target.path:
         return load_hf_target(cfg.target, devices, target_dtype(cfg.target.dtype, devices, hf=True))
-    from trainer.model import TinyTarget
+    from trainer.tiny_target import TinyTarget
 
     return TinyTarget(cfg.target).place(devices).to(target_dtype(cfg.target.dtype, devices, hf=False))

@@ -22,8 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trainer.layers import sdpa_attend
 from trainer.masks import dense_mask
-from trainer.model import Drafter, sdpa_attend
+from trainer.model import Drafter
 
 ForwardFn = Callable[[Tensor], tuple[Tensor, Tensor]]
 DraftFn = Callable[[Tensor, list[int]], list[int]]

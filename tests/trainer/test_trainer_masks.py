@@ -8,8 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainer.config import Config
+from trainer.layers import sdpa_attend
 from trainer.masks import dense_mask, dflash_mask_mod, flex_block_mask
-from trainer.model import TinyTarget, build_drafter, sdpa_attend
+from trainer.model import build_drafter
+from trainer.tiny_target import TinyTarget
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 

@@ -12,9 +12,10 @@ from trainer.compile import drafter_forward  # noqa: E402
 from trainer.config import DrafterConfig, load_config  # noqa: E402
 from trainer.eval import evaluate  # noqa: E402
 from trainer.hf import build_target  # noqa: E402
+from trainer.layers import sdpa_attend  # noqa: E402
 from trainer.loss import block_inputs, position_weights  # noqa: E402
 from trainer.masks import dense_mask  # noqa: E402
-from trainer.model import build_drafter, sdpa_attend  # noqa: E402
+from trainer.model import build_drafter  # noqa: E402
 
 
 def _target(tiny_qwen3, dtype: str):

@@ -12,8 +12,9 @@ from hf_paths import REPO
 
 from trainer.config import DrafterConfig, TargetConfig
 from trainer.eval import evaluate
-from trainer.model import TinyTarget, build_drafter
+from trainer.model import build_drafter
 from trainer.speculative import forward_fn
+from trainer.tiny_target import TinyTarget
 
 
 def run_eval(*args: str) -> subprocess.CompletedProcess:

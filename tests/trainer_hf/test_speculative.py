@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from trainer.config import DrafterConfig, TargetConfig
-from trainer.model import TinyTarget, build_drafter
+from trainer.model import build_drafter
 from trainer.speculative import drafter_fn, forward_fn, greedy_decode, speculative_decode
+from trainer.tiny_target import TinyTarget
 
 LAYERS = [1, 3]
 BLOCK = 8
