@@ -74,9 +74,21 @@ class Drafter(nn.Module):
     def forward(self, block_ids: Tensor, block_pos: Tensor, target_hidden: Tensor, attend: AttendFn,
                 mask: Any) -> Tensor:
         """block_ids/block_pos [B, A*Bs]; target_hidden [B, T, n*H] -> logits [B, A*Bs, V] (compute dtype)."""
+        return self.logits(self.hidden(block_ids, block_pos, target_hidden, attend, mask))
+
+    def hidden(self, block_ids: Tensor, block_pos: Tensor, target_hidden: Tensor, attend: AttendFn,
+               mask: Any) -> Tensor:
+        """The final normed hidden states [B, A*Bs, H] before the LM head: what a chunked loss consumes, so the
+        full [B, A*Bs, V] logits never exist at once."""
         dt = self.compute_dtype
         with torch.autocast(block_ids.device.type, dtype=dt, enabled=dt != torch.float32):
             return self._forward(block_ids, block_pos, target_hidden, attend, mask)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The target's frozen LM head over drafter hidden states."""
+        dt = self.compute_dtype
+        with torch.autocast(hidden.device.type, dtype=dt, enabled=dt != torch.float32):
+            return F.linear(hidden, self.lm_head_weight)
 
     def _forward(self, block_ids: Tensor, block_pos: Tensor, target_hidden: Tensor, attend: AttendFn,
                  mask: Any) -> Tensor:
@@ -89,7 +101,7 @@ class Drafter(nn.Module):
         rope_kv = rope_cos_sin(torch.cat([ctx_pos, block_pos], dim=1), hd, self.rope_theta)
         for layer in self.layers:
             x = layer(x, ctx, rope_q, rope_kv, attend, mask)
-        return F.linear(self.norm(x), self.lm_head_weight)
+        return self.norm(x)
 
 
 def build_drafter(target: TargetModel, dcfg: DrafterConfig, num_captured: int, device: str) -> Drafter:
