@@ -12,6 +12,10 @@ TEST_WORKERS ?= 4
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[trainer,dev,hf]'
+	@# The paper authors' reference DFlash code, for the interop tests (tests/trainer_hf/test_reference_interop.py).
+	@# --no-deps: its requirements pin tqdm/datasets/requests (and its `local` extra torch/transformers) at
+	@# versions we must not take; its model code needs only torch and transformers, which are installed above.
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps dflash==0.1.0
 	@touch $@
 
 # The real-sshd tests need OpenSSH's server. As root we install it when missing; otherwise those

@@ -28,6 +28,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run dir")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value (repeatable), typed like the default")
+    p.add_argument("--init-from", metavar="DIR",
+                   help="start from a drafter directory in the reference layout (config.json + model.safetensors: "
+                        "`python -m trainer.export` output or a published DFlash drafter)")
     return p.parse_args(argv)
 
 
@@ -36,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.config import ConfigError, load_config  # no torch import: a bad config fails in milliseconds
 
     try:
-        cfg = load_config(args.config, args.set)
+        cfg = load_config(args.config, [*args.set, *([f"drafter.init_from={args.init_from}"] if args.init_from
+                                                     else [])])
     except ConfigError as e:
         print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
         return 2

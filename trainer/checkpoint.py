@@ -54,7 +54,40 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def load_latest(run_dir: Path) -> dict[str, Any] | None:
-    found = list_checkpoints(run_dir)
-    if not found:
+    if not list_checkpoints(run_dir):
         return None
-    return torch.load(found[-1], map_location="cpu", weights_only=True)
+    return read_checkpoint(run_dir)[1]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and says why."""
+
+
+def read_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """(file, state) of a step-*.pt file or a run directory's newest one, checked for the current drafter layout."""
+    path = Path(path)
+    if path.is_dir():
+        found = list_checkpoints(path)
+        if not found:
+            raise CheckpointError(f"{path}: no checkpoints/step-*.pt in this run directory")
+        path = found[-1]
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint") from None
+    except Exception as e:
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        raise CheckpointError(f"{path}: cannot load checkpoint ({lines[0]})") from None
+    if not isinstance(state, dict) or "drafter" not in state or "config" not in state:
+        raise CheckpointError(f"{path}: not a trainer checkpoint (needs 'drafter' and 'config')")
+    check_layout(state, path)
+    return path, state
+
+
+def check_layout(state: dict[str, Any], path: Path | str) -> None:
+    from trainer.drafter_format import LAYOUT
+
+    layout = (state.get("drafter_meta") or {}).get("layout")
+    if layout != LAYOUT:
+        raise CheckpointError(f"{path}: drafter layout {layout or 'of an older trainer (no q_norm/k_norm)'} is not "
+                              f"{LAYOUT}; retrain, or evaluate it with the trainer version that wrote it")

@@ -18,6 +18,9 @@ ATTENTION_PATHS = ("auto", "sdpa", "flex")
 FAILURE_POLICIES = ("abort", "continue")
 SCHEDULES = ("cosine", "constant")
 TARGET_DTYPES = ("auto", "bfloat16", "float32")
+QWEN3_MASK_TOKEN_ID = 151669
+"""The first embedding row past Qwen3's tokenizer (its last added token is 151668): SpecForge's Qwen3 DFlash
+configs use it as MASK."""
 
 
 class ConfigError(Exception):
@@ -38,6 +41,10 @@ class TargetConfig:
     intermediate_size: int = 128
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
+    head_dim: int = 0
+    """0 = hidden_size // num_heads (an HF checkpoint's config.json sets it: Qwen3's is 128 whatever the width)."""
+    model_type: str = ""
+    """From an HF checkpoint's config.json (qwen3, llama, ...); empty for the tiny random target."""
     layer_ids: list[int] = field(default_factory=list)
     """Layers whose outputs are captured; empty = spread over [1, L-3] (DFlash)."""
     num_captured: int = 3
@@ -59,6 +66,17 @@ class DrafterConfig:
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 128
+    attention_bias: bool = False
+    """Biases on q/k/v/o (Qwen3: none; the reference reads `attention_bias` from its config)."""
+    head_dim: int = 0
+    """0 = the target's head dim (the reference drafter reads `head_dim` from its config, as Qwen3 does)."""
+    mask_token_id: int = -1
+    """The MASK token filling a block after its anchor; recorded in checkpoints and exports. -1 = auto: 151669 for
+    a Qwen3-family target with a vocabulary past it (SpecForge's Qwen3 DFlash configs), else the target's last
+    embedding row (unused on checkpoints whose embedding is padded past the tokenizer, as on ours)."""
+    init_from: str = ""
+    """A drafter directory in the reference layout (config.json + model.safetensors: `python -m trainer.export`'s
+    output, or a published DFlash drafter) to start from instead of the random initialisation."""
 
 
 @dataclass
@@ -145,6 +163,16 @@ class Config:
     @property
     def gamma(self) -> float:
         return self.drafter.gamma or 7.0 * self.drafter.block_size / 16
+
+    @property
+    def mask_token_id(self) -> int:
+        """The drafter's MASK id (drafter.mask_token_id; see there for what auto picks)."""
+        if self.drafter.mask_token_id >= 0:
+            return self.drafter.mask_token_id
+        t = self.target
+        if t.model_type == "qwen3" and t.vocab_size > QWEN3_MASK_TOKEN_ID:
+            return QWEN3_MASK_TOKEN_ID
+        return t.vocab_size - 1
 
     @property
     def layer_ids(self) -> list[int]:
@@ -263,6 +291,13 @@ def validate(cfg: Config, name: str) -> None:
                 setattr(t, key, value)
         except HFConfigError as e:
             need(False, "target.path", str(e))
+    if d.init_from:  # the drafter directory fixes the drafter's shape, block size, MASK id and target layers
+        from trainer.drafter_format import DrafterFormatError, apply_init_from
+
+        try:
+            apply_init_from(cfg, d.init_from)
+        except DrafterFormatError as e:
+            need(False, "drafter.init_from", str(e))
     ev = cfg.eval
     need(ev.interval >= 0, "eval.interval", "must be >= 0 (0 = off)")
     need(ev.num_prompts >= 1, "eval.num_prompts", "must be >= 1")
@@ -279,7 +314,11 @@ def validate(cfg: Config, name: str) -> None:
     need(d.num_layers >= 1, "drafter.num_layers", "must be >= 1")
     need(d.block_size >= 2, "drafter.block_size", "must be >= 2")
     need(d.gamma >= 0, "drafter.gamma", "must be >= 0")
-    need(t.hidden_size % d.num_heads == 0, "drafter.num_heads", "must divide target.hidden_size")
+    need(bool(d.head_dim) or t.hidden_size % d.num_heads == 0, "drafter.num_heads",
+         "must divide target.hidden_size (or set drafter.head_dim)")
+    need(d.head_dim >= 0 and d.head_dim % 2 == 0, "drafter.head_dim", "must be even (rotary), 0 = the target's")
+    need(-1 <= d.mask_token_id < t.vocab_size, "drafter.mask_token_id",
+         f"must be a token id below the target's vocab_size {t.vocab_size}, or -1 (auto)")
     need(d.num_heads % d.num_kv_heads == 0, "drafter.num_kv_heads", "must divide drafter.num_heads")
     need(d.intermediate_size > 0, "drafter.intermediate_size", "must be > 0")
     need(tr.steps >= 1, "train.steps", "must be >= 1")
@@ -310,3 +349,17 @@ def validate(cfg: Config, name: str) -> None:
 def _is_cuda(dev: str) -> bool:
     head, _, idx = dev.partition(":")
     return head == "cuda" and (idx == "" or idx.isdigit())
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """Rebuild a Config saved in a checkpoint (`Config.to_dict()`; unknown keys from other versions ignored)."""
+    cfg = Config()
+    for section, body in data.items():
+        sub = getattr(cfg, section, None)
+        if not dataclasses.is_dataclass(sub) or not isinstance(body, dict):
+            continue
+        names = {f.name for f in dataclasses.fields(sub)}
+        for key, value in body.items():
+            if key in names:
+                setattr(sub, key, value)
+    return cfg

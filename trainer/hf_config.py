@@ -65,6 +65,8 @@ def target_dims(path: str | Path) -> dict[str, Any]:
             "intermediate_size": int(cfg["intermediate_size"]),
             "rope_theta": rope_theta(cfg),
             "rms_eps": float(cfg.get("rms_norm_eps", 1e-6)),
+            "head_dim": int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+            "model_type": kind,
         }
     except KeyError as e:
         raise HFConfigError(f"{path}/config.json: missing key {e.args[0]!r}") from None

@@ -1,0 +1,126 @@
+"""Export a trained drafter in the layout the DFlash ecosystem loads, and load such a directory back.
+
+`python -m trainer.export --checkpoint RUN_DIR|step-N.pt --out DIR [--dtype bfloat16|float32]`
+
+writes DIR/config.json (trainer/drafter_format.py says which keys) and DIR/model.safetensors (the drafter's own
+weights, parameter names as the reference's `DFlashDraftModel`), so `dflash.model.DFlashDraftModel
+.from_pretrained(DIR)`, SGLang's `--speculative-draft-model-path DIR` and vLLM load it. DIR must not exist yet: an
+export never overwrites one (it is written beside it and renamed into place, so a crash leaves no half). Exit 0
+written, 2 bad input (one line on stderr).
+
+`--set drafter.init_from=DIR` (training, `python -m trainer --init-from DIR`) and `trainer.eval --init-from DIR`
+start from such a directory, so a published drafter can be evaluated or fine-tuned here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.drafter_format import CONFIG_FILE, LAYOUT, WEIGHTS_FILE, DrafterFormatError, reference_config
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def drafter_meta(cfg: Any) -> dict[str, Any]:
+    """What a checkpoint records beside the weights so an export never has to guess (layout, MASK id, layers)."""
+    return {"layout": LAYOUT, "mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.layer_ids),
+            "block_size": cfg.drafter.block_size}
+
+
+def load_exported(drafter: nn.Module, directory: str | Path) -> None:
+    """Load DIR/model.safetensors into `drafter` (its shape already set from DIR/config.json by the config)."""
+    from safetensors.torch import load_file
+
+    path = Path(directory) / WEIGHTS_FILE
+    try:
+        weights = load_file(str(path))
+    except FileNotFoundError:
+        raise DrafterFormatError(f"{path}: missing (not a drafter directory)") from None
+    except Exception as e:  # a truncated or foreign file: safetensors raises its own error types
+        raise DrafterFormatError(f"{path}: cannot read ({str(e).splitlines()[0] if str(e) else type(e).__name__})") \
+            from None
+    ours = drafter.state_dict()
+    missing, extra = sorted(set(ours) - set(weights)), sorted(set(weights) - set(ours))
+    if missing or extra:
+        raise DrafterFormatError(f"{path}: parameters do not match the reference layout (missing {missing[:3]}, "
+                                 f"unexpected {extra[:3]})")
+    for name, tensor in weights.items():
+        if tuple(tensor.shape) != tuple(ours[name].shape):
+            raise DrafterFormatError(f"{path}: {name} has shape {tuple(tensor.shape)}, the config says "
+                                     f"{tuple(ours[name].shape)}")
+    drafter.load_state_dict({k: v.to(ours[k].dtype) for k, v in weights.items()})
+
+
+def max_positions(cfg: Any) -> int:
+    """The target's context length when it is an HF checkpoint (the serving engine sizes rotary tables by it)."""
+    if cfg.target.path:
+        try:
+            return int(json.loads((Path(cfg.target.path) / "config.json").read_text())["max_position_embeddings"])
+        except (OSError, KeyError, ValueError, TypeError):
+            pass
+    return 40960
+
+
+def export(checkpoint_path: str | Path, out: str | Path, dtype: str = "bfloat16") -> Path:
+    """Write the drafter of a checkpoint to `out` (which must not exist). Returns `out`."""
+    from safetensors.torch import save_file
+
+    from trainer.checkpoint import read_checkpoint
+    from trainer.config import config_from_dict
+
+    out = Path(out)
+    if out.exists():
+        raise DrafterFormatError(f"{out}: already exists (an export never overwrites; pick a new --out)")
+    if not out.parent.is_dir():
+        raise DrafterFormatError(f"{out.parent}: no such directory")
+    path, state = read_checkpoint(checkpoint_path)
+    cfg = config_from_dict(state["config"])
+    meta = state["drafter_meta"]
+    cfg.drafter.mask_token_id = int(meta["mask_token_id"])
+    cfg.target.layer_ids = list(meta["target_layer_ids"])
+    config = reference_config(cfg, cfg.target.num_layers, dtype, max_positions(cfg),
+                              extra={"checkpoint": str(path), "step": int(state.get("step", 0)),
+                                     "target": cfg.target.path or "tiny"})
+    weights = {k: v.detach().to(DTYPES[dtype]).contiguous() for k, v in state["drafter"].items()}
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        save_file(weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True, help="a run directory (its newest checkpoint) or a step-*.pt file")
+    p.add_argument("--out", required=True, help="the drafter directory to write (must not exist)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
+                   help="weight dtype in model.safetensors (published drafters are bfloat16)")
+    args = p.parse_args(argv)
+    from trainer.checkpoint import CheckpointError
+
+    try:
+        out = export(args.checkpoint, args.out, args.dtype)
+    except (CheckpointError, DrafterFormatError, OSError) as e:
+        print(f"export: error: {e}", file=sys.stderr)
+        return 2
+    print(f"exported {out} ({WEIGHTS_FILE}, {CONFIG_FILE}: DFlashDraftModel)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
