@@ -3,6 +3,8 @@
 `python -m trainer.data generate --target DIR --prompts FILE.jsonl --out DIR` (also `python -m trainer.datagen`).
 The prompt file's format is trainer/prompt_file.py's, the output directory's trainer/dataset.py's. Rerunning the
 same command resumes at the first missing shard; sampling is seeded per shard, so resumed output is the same.
+This is the Hugging Face `generate` path (the default); with `--server URL` an OpenAI-compatible server (SGLang,
+vLLM) answers instead: trainer/datagen_server.py. Both record their settings in meta.json `sampling` (same keys).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import argparse
 import json
 import math
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -19,40 +20,10 @@ from typing import Any, TextIO
 import torch
 
 from trainer.checkpoint import atomic_write_bytes
+from trainer.datagen_common import ProgressBar, check_resume
 from trainer.dataset import FORMAT, DataError, shard_path, summarize, write_shard
 from trainer.devices import device_problem, parse_devices
 from trainer.prompt_file import encode_prompt, load_prompts
-
-
-# ---- progress ----------------------------------------------------------------------------------------------
-class ProgressBar:
-    """`generate  12/34 prompts [######----]  2.1 prompts/s  eta 0:07` — redrawn in place on a terminal, one
-    line per update otherwise (logs stay readable)."""
-
-    def __init__(self, total: int, done: int = 0, stream: TextIO | None = None, label: str = "generate") -> None:
-        self.total, self.done, self.start_done = total, done, done
-        self.stream = stream or sys.stderr
-        self.label, self.t0 = label, time.monotonic()
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-
-    def line(self) -> str:
-        width = 24
-        filled = int(width * self.done / max(1, self.total))
-        rate = (self.done - self.start_done) / max(time.monotonic() - self.t0, 1e-9)
-        left = (self.total - self.done) / rate if rate > 0 else math.inf
-        eta = "?" if math.isinf(left) else f"{int(left // 60)}:{int(left % 60):02d}"
-        return (f"{self.label} {self.done:>5}/{self.total} prompts [{'#' * filled}{'-' * (width - filled)}] "
-                f"{rate:5.2f} prompts/s eta {eta}")
-
-    def update(self, n: int) -> None:
-        self.done += n
-        self.stream.write(("\r" if self.tty else "") + self.line() + ("" if self.tty else "\n"))
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 # ---- generation ---------------------------------------------------------------------------------------------
@@ -65,6 +36,7 @@ class GenSettings:
     seed: int = 0
     shard_size: int = 64
     batch_size: int = 8
+    thinking: bool | None = None  # the chat template's enable_thinking; None: its default
 
     def key(self) -> dict[str, Any]:
         """What must match for a resumed run to continue the same data (batch size does not change it)."""
@@ -72,7 +44,17 @@ class GenSettings:
              "shard_size": self.shard_size}
         if self.sample:
             k |= {"temperature": self.temperature, "top_p": self.top_p}
+        if self.thinking is not None:
+            k["thinking"] = self.thinking
         return k
+
+    def sampling(self, target_path: str) -> dict[str, Any]:
+        """meta.json `sampling`: the same keys as the server path's (trainer/datagen_server.py)."""
+        return {"backend": "hf", "server": None, "model": str(Path(target_path).resolve()),
+                "temperature": self.temperature if self.sample else 0.0, "top_p": self.top_p if self.sample else None,
+                "max_new_tokens": self.max_new_tokens,
+                "thinking": "default" if self.thinking is None else self.thinking, "seed": self.seed,
+                "concurrency": self.batch_size}
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -132,10 +114,11 @@ def generate_dataset(target_path: str, prompts_path: str | Path, out: str | Path
     eos_ids = _eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos_ids or [0])[0]
     meta = {"format": FORMAT, "target": str(Path(target_path).resolve()), "prompts": str(Path(prompts_path).resolve()),
-            "num_prompts": len(records), "generation": settings.key(), "eos_token_ids": eos_ids, "pad_token_id": pad_id,
+            "num_prompts": len(records), "generation": settings.key(), "sampling": settings.sampling(target_path),
+            "sample_unit": "one sample per prompt (its final turn)", "eos_token_ids": eos_ids, "pad_token_id": pad_id,
             "mask_token_id": target.mask_token_id, "vocab_size": target.vocab_size,
             "chat_template": bool(getattr(tokenizer, "chat_template", None))}
-    _check_resume(out, meta)
+    check_resume(out, meta)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out / "meta.json", json.dumps(meta, indent=1).encode())
     n_shards = math.ceil(len(records) / settings.shard_size)
@@ -148,7 +131,7 @@ def generate_dataset(target_path: str, prompts_path: str | Path, out: str | Path
     for k in todo:
         lo, hi = k * settings.shard_size, min(len(records), (k + 1) * settings.shard_size)
         torch.manual_seed(settings.seed * 1_000_003 + k)  # sampling depends on the shard only: resumable
-        prompts = [encode_prompt(tokenizer, r) for r in records[lo:hi]]
+        prompts = [encode_prompt(tokenizer, r, settings.thinking) for r in records[lo:hi]]
         samples: list[tuple[list[int], list[int], bool]] = []
         for b in range(0, len(prompts), settings.batch_size):
             chunk = prompts[b:b + settings.batch_size]
@@ -162,64 +145,71 @@ def generate_dataset(target_path: str, prompts_path: str | Path, out: str | Path
     return meta
 
 
-def _check_resume(out: Path, meta: dict[str, Any]) -> None:
-    old_file = out / "meta.json"
-    if not old_file.exists():
-        if out.exists() and any(out.glob("shard-*.pt")):
-            raise DataError(f"{out}: has shards but no meta.json; use a new --out")
-        return
-    try:
-        old = json.loads(old_file.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise DataError(f"{old_file}: cannot read ({e})") from None
-    for key in ("format", "target", "prompts", "num_prompts", "generation"):
-        if old.get(key) != meta[key]:
-            raise DataError(f"{out}: was generated with a different {key} ({old.get(key)!r} != {meta[key]!r}); "
-                            "use a new --out to start over")
-
-
 # ---- command line -----------------------------------------------------------------------------------------
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from trainer.datagen_server import add_server_args
+
     p = argparse.ArgumentParser(prog="python -m trainer.data generate",
                                 description="Generate training data: the target answers each prompt.")
-    p.add_argument("--target", required=True, help="local Hugging Face checkpoint directory (Qwen3 / Llama)")
+    p.add_argument("--target", required=True, help="local Hugging Face checkpoint directory (Qwen3 / Llama); "
+                                                   "with --server only its tokenizer and config.json are read")
     p.add_argument("--prompts", required=True, help="JSONL: one {prompt|messages|ids} per line")
     p.add_argument("--out", required=True, help="output directory (rerun the same command to resume)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 256 (4096 with --server)")
+    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding (with --server: "
+                                                         "--temperature 0 is greedy)")
+    p.add_argument("--temperature", type=float, default=None, help="default 0.7")
     p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="default 0 (with --server: none, the server's own)")
+    p.add_argument("--thinking", choices=("on", "off"), default=None,
+                   help="the chat template's enable_thinking (Qwen3); default: the template's default")
     p.add_argument("--shard-size", type=int, default=64, help="prompts per shard (the unit of resume)")
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call")
     p.add_argument("--devices", default="auto", help="comma list, layer-wise split (auto = all GPUs, else cpu)")
     p.add_argument("--limit", type=int, default=0, help="only the first N prompts (0 = all)")
     p.add_argument("--threads", type=int, default=1,
                    help="CPU intra-op threads (0 = torch default; 1 avoids oversubscription on shared hosts)")
+    add_server_args(p)
     return p.parse_args(argv)
 
 
+def _hf_settings(args: argparse.Namespace) -> tuple[GenSettings, list[str]]:
+    """Settings and devices of the Hugging Face path; DataError names the bad option."""
+    from trainer.chat_client import THINKING
+    from trainer.datagen_server import SERVER_ONLY
+
+    for name in SERVER_ONLY:
+        if getattr(args, name) is not None:
+            raise DataError(f"--{name.replace('_', '-')} needs --server URL")
+    settings = GenSettings(args.max_new_tokens or 256, args.sample, 0.7 if args.temperature is None else
+                           args.temperature, args.top_p, args.seed or 0, args.shard_size, args.batch_size,
+                           None if args.thinking is None else THINKING[args.thinking])
+    for name in ("max_new_tokens", "shard_size", "batch_size"):
+        if getattr(settings, name) < 1:
+            raise DataError(f"--{name.replace('_', '-')} must be >= 1")
+    devices = parse_devices(args.devices)
+    problem = device_problem(devices) if devices else "--devices names no device"
+    if problem:  # before the checkpoint loads: not a CUDA traceback from deep inside it
+        raise DataError(problem)
+    return settings, devices
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Exit 0 done, 2 bad arguments/input (one line on stderr)."""
+    """Exit 0 done, 2 bad arguments/input or a server request that failed for good (one line on stderr)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["generate"]:
         argv = argv[1:]
     args = parse_args(argv)
-    for name in ("max_new_tokens", "shard_size", "batch_size"):
-        if getattr(args, name) < 1:
-            print(f"generate: error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
-            return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    settings = GenSettings(args.max_new_tokens, args.sample, args.temperature, args.top_p, args.seed,
-                           args.shard_size, args.batch_size)
-    devices = parse_devices(args.devices)
-    problem = device_problem(devices) if devices else "--devices names no device"
-    if problem:  # before the checkpoint loads: not a CUDA traceback from deep inside it
-        print(f"generate: error: {problem}", file=sys.stderr)
-        return 2
     try:
-        meta = generate_dataset(args.target, args.prompts, args.out, settings, devices, args.limit)
+        if args.server is not None:
+            from trainer.datagen_server import generate_via_server, server_settings
+
+            meta = generate_via_server(args.target, args.prompts, args.out, server_settings(args), args.limit)
+        else:
+            settings, devices = _hf_settings(args)
+            if args.threads:
+                torch.set_num_threads(args.threads)
+            meta = generate_dataset(args.target, args.prompts, args.out, settings, devices, args.limit)
     except DataError as e:
         print(f"generate: error: {e}", file=sys.stderr)
         return 2

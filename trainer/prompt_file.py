@@ -48,8 +48,9 @@ def load_prompts(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def encode_prompt(tokenizer: Any, rec: dict[str, Any]) -> list[int]:
-    """Token ids of one prompt, ready for the target to continue (chat template when the tokenizer has one)."""
+def encode_prompt(tokenizer: Any, rec: dict[str, Any], thinking: bool | None = None) -> list[int]:
+    """Token ids of one prompt, ready for the target to continue (chat template when the tokenizer has one).
+    `thinking`: the template's `enable_thinking` (Qwen3); None leaves the template's default."""
     if "ids" in rec and "prompt" not in rec and "messages" not in rec:
         return [int(i) for i in rec["ids"]]
     if tokenizer is None:
@@ -58,7 +59,8 @@ def encode_prompt(tokenizer: Any, rec: dict[str, Any]) -> list[int]:
     while messages and messages[-1]["role"] == "assistant":
         messages = messages[:-1]  # the target writes the answer itself
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        extra = {} if thinking is None else {"enable_thinking": thinking}
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     if "prompt" in rec:
         return list(tokenizer(rec["prompt"])["input_ids"])

@@ -159,13 +159,22 @@ def evaluate(
 def generate(
     extra: list[str] | None = typer.Argument(None, metavar="[-- GENERATE_ARGS...]",
                                              help="more `trainer.data generate` arguments: --limit N, --sample, "
-                                                  "--max-new-tokens N, --devices cuda:0,cuda:1 …"),
+                                                  "--max-new-tokens N, --devices cuda:0,cuda:1 …; with --server: "
+                                                  "--concurrency N, --retries N, --timeout S, --model NAME, "
+                                                  "--temperature T"),
     target_model: str = typer.Option(..., "--target", "-t", metavar="CKPT",
-                                     help="Hugging Face checkpoint directory in the container (Qwen3 / Llama)"),
+                                     help="Hugging Face checkpoint directory in the container (Qwen3 / Llama); "
+                                          "with --server only its tokenizer is read"),
     prompts: str = typer.Option(..., "--prompts", "-p", metavar="PATH",
                                 help="prompt JSONL in the container (relative to <workspace>/code, or absolute)"),
     out_dir: str = typer.Option(..., "--out", "-o", metavar="DIR",
                                 help="data directory to write in the container; the same command again resumes it"),
+    server: str | None = typer.Option(None, "--server", metavar="URL",
+                                      help="an OpenAI-compatible server of the target (SGLang, vLLM) answers "
+                                           "instead of Hugging Face generate; the URL as the container reaches it"),
+    thinking: str | None = typer.Option(None, "--thinking", metavar="on|off",
+                                        help="the chat template's enable_thinking (Qwen3), sent to the server and "
+                                             "used to tokenize; default: the model's default"),
     name: str | None = typer.Option(None, "--name", "-n", help="run name (default: datagen-<out dir name>)"),
     wait: bool = typer.Option(False, "--wait", help="stream the log until it ends (else return once it runs)"),
     timeout: float | None = typer.Option(None, "--timeout", metavar="S",
@@ -180,8 +189,8 @@ def generate(
     from dflashctl.commands import generate as generate_cmd
 
     opts = generate_cmd.GenerateOptions(target_model=target_model, prompts=prompts, out=out_dir,
-                                        extra=list(extra or []), name=name, source=source, kill_zombies=kill_zombies,
-                                        confirm=not wait)
+                                        extra=list(extra or []), server=server, thinking=thinking, name=name,
+                                        source=source, kill_zombies=kill_zombies, confirm=not wait)
     with open_target(hosts, host) as target:
         with _launch_errors(target, json_out):
             job = generate_cmd.start(target, opts, say=_say(json_out))

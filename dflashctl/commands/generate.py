@@ -2,7 +2,9 @@
 
 Data generation holds the target's GPUs for as long as the target takes to answer every prompt, so it is started
 like training: detached, marked, logged (`trainer.datagen_run`), so `status`, `logs -f`, `stop` and `kill-zombies`
-cover it. The same command again resumes at the first missing shard.
+cover it. The same command again resumes at the first missing shard. With `server` the prompts go to an
+OpenAI-compatible server of the target (SGLang, vLLM: `trainer.data generate --server URL`), reachable from the
+container; the checkpoint directory is then read for its tokenizer only.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class GenerateOptions:
     prompts: str  # prompt JSONL in the container (relative to <workspace>/code, or absolute)
     out: str  # the data directory to write (or resume), in the container
     extra: list[str] | None = None  # more `trainer.data generate` arguments: --limit, --sample, --devices …
+    server: str | None = None  # an OpenAI-compatible server's URL, as the container reaches it (--server)
+    thinking: str | None = None  # "on" / "off": the chat template's enable_thinking; None: the model's default
     name: str | None = None
     source: Path | None = None
     kill_zombies: bool = False
@@ -51,14 +55,29 @@ class GenerateJob:
         return rec
 
 
-def start(target: Target, opts: GenerateOptions, *, say: Callable[[str], None] = lambda _m: None) -> GenerateJob:
+def trainer_args(opts: GenerateOptions) -> list[str]:
+    """The `trainer.data generate` arguments of a generate run (after the launcher's --config/--run-dir)."""
     for flag, value in (("--target", opts.target_model), ("--prompts", opts.prompts), ("--out", opts.out)):
         if not value.strip():
             raise ConfigError(f"{flag} is empty", hint="give a path in the container")
+    if opts.server is not None and not opts.server.strip():
+        raise ConfigError("--server is empty", hint="give the server's URL as the container reaches it, "
+                                                    "e.g. http://127.0.0.1:30000")
+    if opts.thinking not in (None, "on", "off"):
+        raise ConfigError(f"--thinking must be on or off, not {opts.thinking!r}",
+                          hint="leave it out for the model's default")
+    args = ["--target", opts.target_model, "--prompts", opts.prompts, "--out", opts.out]
+    args += ["--server", opts.server.strip()] if opts.server is not None else []
+    args += ["--thinking", opts.thinking] if opts.thinking is not None else []
+    return [*args, *(opts.extra or [])]
+
+
+def start(target: Target, opts: GenerateOptions, *, say: Callable[[str], None] = lambda _m: None) -> GenerateJob:
+    extra = trainer_args(opts)
     name = opts.name or f"datagen-{run_slug(PurePosixPath(opts.out.rstrip('/')).name or 'data')}"
     return GenerateJob(launch_cmd.launch(target, launch_cmd.LaunchOptions(
         name=name, module=MODULE, config_text=CONFIG, source=opts.source, kill_zombies=opts.kill_zombies,
         confirm=opts.confirm,
         meta={"kind": "generate", "job": f"generating data into {opts.out}", "out": opts.out},
-        extra=["--target", opts.target_model, "--prompts", opts.prompts, "--out", opts.out, *(opts.extra or [])],
+        extra=extra,
     ), say=say), opts.out)

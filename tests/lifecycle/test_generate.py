@@ -56,3 +56,27 @@ def test_generate_reports_bad_input_in_one_line(local_host, cli, tmp_path):
                   "--out", str(tmp_path / "d"), "--wait")
     assert missing.code == 100 and "Traceback" not in missing.err
     assert "generate: error:" in missing.err and "no-such-ckpt" in missing.err
+
+
+def test_generate_from_a_server_passes_server_and_thinking_to_the_trainer(local_host, cli, tmp_path, tiny_checkpoint,
+                                                                          monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "trainer_hf"))
+    from openai_standin import OpenAIStandIn  # the tiny target behind /v1/chat/completions on 127.0.0.1
+
+    server = OpenAIStandIn(tiny_checkpoint).start()
+    try:
+        data = tmp_path / "data"
+        done = cli("generate", "--target", str(tiny_checkpoint), "--prompts", "trainer/prompts/eval.jsonl",
+                   "--out", str(data), "--server", server.url, "--thinking", "off", "--wait", "--json", "--",
+                   "--limit", "3", "--max-new-tokens", "4", "--concurrency", "2")
+        assert done.code == 0, done.err
+        assert [e["body"]["chat_template_kwargs"] for e in server.log] == [{"enable_thinking": False}] * 3
+        meta = json.loads((data / "meta.json").read_text())
+        assert meta["sampling"]["backend"] == "server" and meta["sampling"]["thinking"] is False
+        assert meta["sampling"]["concurrency"] == 2 and meta["summary"]["samples"] == 3
+    finally:
+        server.close()
+    bad = cli("generate", "--target", str(tiny_checkpoint), "--prompts", "p.jsonl", "--out", str(tmp_path / "d"),
+              "--thinking", "maybe")
+    assert bad.code == 2 and "--thinking must be on or off" in bad.err and "Traceback" not in bad.err
