@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from trainer.config import TargetConfig
+from trainer.kvcache import KVCache, causal_mask
 from trainer.layers import AttendFn, RMSNorm, SwiGLU, apply_rope, repeat_kv, rope_cos_sin, sdpa_attend
 
 
@@ -47,13 +48,17 @@ class TargetLayer(nn.Module):
         self.mlp_norm = RMSNorm(h, cfg.rms_eps)
         self.mlp = SwiGLU(h, cfg.intermediate_size)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attend: AttendFn, mask: Any) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attend: AttendFn, mask: Any,
+                cache: KVCache | None = None, index: int = 0) -> Tensor:
+        """With `cache`, x holds only the new positions; their k, v join layer `index` of the cache first."""
         b, t, _ = x.shape
         h = self.attn_norm(x)
         q = self.q(h).view(b, t, self.nh, self.hd).transpose(1, 2)
         k = self.k(h).view(b, t, self.nkv, self.hd).transpose(1, 2)
         v = self.v(h).view(b, t, self.nkv, self.hd).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.append(index, k, v)
         rep = self.nh // self.nkv
         out = attend(q, repeat_kv(k, rep), repeat_kv(v, rep), mask)
         x = x + self.o(out.transpose(1, 2).reshape(b, t, -1))
@@ -112,10 +117,28 @@ class TinyTarget(nn.Module):
         x, features = self._run(ids, layer_ids, sdpa_attend, None)
         return self.lm_head(self.norm(x.to(ids.device))), features
 
-    def _run(self, ids: Tensor, layer_ids: list[int], attend: AttendFn, causal_mask: Any) -> tuple[Tensor, Tensor]:
-        """The layer loop over the target's devices: final hidden state, and the captured layers concatenated."""
+    def new_cache(self) -> KVCache:
+        return KVCache(len(self.layers))
+
+    @torch.no_grad()
+    def forward_cached(self, ids: Tensor, cache: KVCache, layer_ids: list[int],
+                       logits_to_keep: int = 0) -> tuple[Tensor, Tensor]:
+        """Decoding with a KV cache: `ids` [1, t] are the positions after the `cache.length` already cached; their
+        k, v join the cache. Returns logits [1, t, V] (the last `logits_to_keep` only, 0 = all) and the captured
+        features [1, t, len(layer_ids) * H] of the new positions (width 0 for no layers)."""
+        x, features = self._run(ids, layer_ids, sdpa_attend, causal_mask(cache.length, ids.shape[1], ids.device),
+                                cache)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
+        return self.lm_head(self.norm(x.to(ids.device))), features
+
+    def _run(self, ids: Tensor, layer_ids: list[int], attend: AttendFn, causal_mask: Any,
+             cache: KVCache | None = None) -> tuple[Tensor, Tensor]:
+        """The layer loop over the target's devices: final hidden state, and the captured layers concatenated.
+        With a cache, `ids` continue the cached positions."""
         b, t = ids.shape
-        pos = torch.arange(t, device=ids.device).expand(b, t)
+        past = cache.length if cache is not None else 0
+        pos = torch.arange(past, past + t, device=ids.device).expand(b, t)
         cos, sin = rope_cos_sin(pos, self.layers[0].hd, self.cfg.rope_theta)
         x, captured = self.embed(ids), []
         for i, (layer, dev) in enumerate(zip(self.layers, self.layer_devices, strict=True)):
@@ -124,7 +147,9 @@ class TinyTarget(nn.Module):
             mask = causal_mask
             if mask is not None and hasattr(mask, "to") and x.device != ids.device:
                 mask = mask.to(dev)
-            x = layer(x, cos, sin, attend, mask)
+            x = layer(x, cos, sin, attend, mask, cache, i)
             if i in layer_ids:
                 captured.append(x.to(ids.device))
+        if not captured:
+            return x, x.new_zeros(b, t, 0, device=ids.device)
         return x, torch.cat(captured, dim=-1)
