@@ -176,6 +176,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="a step-*.pt file or a run directory (newest checkpoint)")
     src.add_argument("--config", help="a trainer TOML (with --untrained: the step-0 drafter)")
+    src.add_argument("--init-from", metavar="DIR",
+                     help="a drafter directory in the reference layout (python -m trainer.export, or a published "
+                          "DFlash drafter); its target: --target")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="config override")
     p.add_argument("--untrained", action="store_true", help="ignore the checkpoint's weights: the tau baseline")
     p.add_argument("--target", help="override target.path (a local HF checkpoint directory)")
@@ -214,6 +217,9 @@ def run(args: argparse.Namespace) -> tuple[EvalReport, dict[str, Any]]:
     try:
         if args.checkpoint:
             cfg, weights = load_checkpoint(args.checkpoint)
+        elif args.init_from:
+            target_path = [f"target.path={args.target}"] if args.target else []
+            cfg, weights = load_config(None, [*args.set, *target_path, f"drafter.init_from={args.init_from}"]), None
         else:
             cfg, weights = load_config(args.config, args.set), None
         if args.untrained:
@@ -224,6 +230,14 @@ def run(args: argparse.Namespace) -> tuple[EvalReport, dict[str, Any]]:
             cfg.devices.target = [d.strip() for d in args.target_devices.split(",") if d.strip()]
         check_devices([args.device, *cfg.devices.target])
         target, drafter, layer_ids = build_for_eval(cfg, args.device, weights, with_drafter=args.draft == "dflash")
+        if args.init_from and drafter is not None and not args.untrained:
+            from trainer.drafter_format import DrafterFormatError
+            from trainer.export import load_exported
+
+            try:
+                load_exported(drafter, args.init_from)
+            except DrafterFormatError as e:
+                raise EvalError(str(e)) from None
         tokenizer = None
         if cfg.target.path:
             from trainer.hf import load_tokenizer
@@ -242,7 +256,8 @@ def run(args: argparse.Namespace) -> tuple[EvalReport, dict[str, Any]]:
                         frozenset(stop_token_ids(target, tokenizer)), sampling)
     report = evaluate_sets(target, source, sets, settings, Chat(tokenizer) if tokenizer is not None else None,
                            baseline=not args.no_lossless_check, warmup=True, draft=args.draft)
-    info = {"checkpoint": args.checkpoint, "untrained": args.untrained or not args.checkpoint,
+    info = {"checkpoint": args.checkpoint, "init_from": args.init_from,
+            "untrained": args.untrained or not (args.checkpoint or args.init_from),
             "target": cfg.target.path or "tiny", "prompts": args.prompts or args.bench}
     return report, info
 

@@ -144,8 +144,11 @@ def evaluate(
         if job.wait.reached and job.wait.run.exit_code in (0, 1):  # 1: it ran, but the lossless check failed
             job.report = report = eval_cmd.report(target, res.run_dir)
             if not json_out:
-                out(f"τ {report['tau']:.3f} (block {report['block_size']}) · tokens per target forward "
-                    f"{report['tokens_per_forward']:.3f} · lossless {report['lossless_count']}/"
+                tau = report.get("tau")
+                speedup = report.get("speedup")
+                out(f"τ {'n/a' if tau is None else f'{tau:.3f}'} (block {report['block_size']}) · tokens per "
+                    f"target forward {report['tokens_per_forward']:.3f}"
+                    f"{'' if speedup is None else f' · speedup {speedup:.2f}x'} · lossless {report['lossless_count']}/"
                     f"{report['num_prompts']} · {'untrained (step 0)' if report.get('untrained') else 'trained'} "
                     f"drafter of run {job.evaluates.id} · report {res.run_dir}/{eval_cmd.REPORT}", markup=False)
         elif not json_out:

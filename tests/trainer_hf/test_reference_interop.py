@@ -191,3 +191,39 @@ def test_training_starts_from_an_exported_drafter(tiny_qwen3, generated, tmp_pat
     assert trainer.run() == 0
     _, state = checkpoint.read_checkpoint(tmp_path / "run1")
     assert state["drafter_meta"]["target_layer_ids"] == cfg.layer_ids
+
+
+def test_trainer_eval_and_the_reference_give_the_same_tau_for_a_trained_drafter(trained_run, generated, tiny_qwen3,
+                                                                             tmp_path):
+    """The trained drafter of a real run, exported, evaluated by `trainer.eval --init-from` (greedy, KV caches) and
+    by the reference's own `dflash_generate`, tau averaged the reference's way: equal within 1 %."""
+    from trainer.eval import main
+    from trainer.eval_load import load_eval_prompts
+    from trainer.hf import load_tokenizer
+
+    run_dir, _, rc = trained_run
+    assert rc == 0
+    published = export(run_dir, tmp_path / "drafter", dtype="float32")
+    rows = load_eval_prompts(generated, load_tokenizer(str(tiny_qwen3)), limit=4)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"ids": r}) + "\n" for r in rows))
+    report = tmp_path / "eval.json"
+    assert main(["--init-from", str(published), "--target", str(tiny_qwen3), "--prompts", str(prompts),
+                 "--max-new-tokens", "48", "--out", str(report)]) == 0
+    ours = json.loads(report.read_text())
+    assert ours["lossless_count"] == len(rows) and ours["init_from"] == str(published)
+
+    ref = dflash_model.DFlashDraftModel.from_pretrained(str(published), dtype=torch.float32).eval()
+    target = build_target(config(tiny_qwen3))
+    per_request = []
+    orig = dflash_model._cuda_time
+    dflash_model._cuda_time = __import__("time").perf_counter  # the reference times with cuda.synchronize: no GPU here
+    try:
+        for r in rows:
+            stats = dflash_model.dflash_generate(ref, target.model, torch.tensor([r]), 48, None, return_stats=True)
+            per_request.append(sum(stats.acceptance_lengths) / len(stats.acceptance_lengths))
+    finally:
+        dflash_model._cuda_time = orig
+    ref_tau = sum(per_request) / len(per_request)
+    assert ref_tau > 1.5  # the drafter has learned something: a comparison of two 1.0s would prove nothing
+    assert abs(ours["tau"] - ref_tau) <= 0.01 * ref_tau, (ours["tau"], ref_tau)
