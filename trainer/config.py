@@ -18,6 +18,8 @@ ATTENTION_PATHS = ("auto", "sdpa", "flex")
 FAILURE_POLICIES = ("abort", "continue")
 SCHEDULES = ("cosine", "constant")
 TARGET_DTYPES = ("auto", "bfloat16", "float32")
+PUBLISHED_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+"""DFlash's loss decay per block size, as published (issue 13); other sizes fall back to 7 * B / 16."""
 QWEN3_MASK_TOKEN_ID = 151669
 """The first embedding row past Qwen3's tokenizer (its last added token is 151668): SpecForge's Qwen3 DFlash
 configs use it as MASK."""
@@ -50,6 +52,9 @@ class TargetConfig:
     num_captured: int = 3
     """How many layers to capture when `layer_ids` is empty."""
     init_seed: int = 1234
+    micro_batches: int = 1
+    """HF targets split over several devices: the batch goes through the layer stages in this many micro-batches,
+    so on CUDA stage k works on micro-batch i while stage k+1 works on i-1 (trainer/hf.py hidden_states)."""
     dtype: str = "auto"
     """Target weights and hidden states: auto = bfloat16 for an HF checkpoint on CUDA, else float32. The drafter
     keeps fp32 parameters and runs under autocast in the target's dtype (trainer/model.py, Drafter)."""
@@ -62,7 +67,8 @@ class DrafterConfig:
     num_layers: int = 2
     block_size: int = 16
     gamma: float = 0.0
-    """Loss decay exp(-(k-1)/gamma); 0 = the DFlash default (7 for B=16, scaled with B)."""
+    """Loss decay exp(-(k-1)/gamma); 0 = DFlash's published value for the block size (`PUBLISHED_GAMMA`: 7 for
+    16, 5 for 10, 4 for 8), 7 * B / 16 for other sizes."""
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 128
@@ -103,6 +109,10 @@ class DevicesConfig:
 @dataclass
 class TrainConfig:
     steps: int = 100
+    """Training steps: the run's length and the schedule's horizon. 0 = `epochs` passes over the data set."""
+    epochs: int = 0
+    """Passes over a generated data set (steps per epoch = samples // (drafters * batch_size)); the run stops after
+    them or at `steps` (when > 0), whichever comes first, and the schedule spans the run. 0 = no epoch limit."""
     batch_size: int = 4
     """Sequences per drafter per step."""
     seq_len: int = 128
@@ -111,8 +121,15 @@ class TrainConfig:
     lr: float = 3e-3
     min_lr: float = 3e-4
     warmup_steps: int = 10
+    warmup_ratio: float = 0.0
+    """> 0: warm-up = int(warmup_ratio * steps) steps (SpecForge's rule), instead of `warmup_steps`."""
     schedule: str = "cosine"
     weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """AdamW (beta1, beta2)."""
+    loss_chunk: int = 2048
+    """Rows (block positions) of LM-head logits per chunk of the loss, forward and backward; 0 = the full logits
+    at once. 2048 rows = 128 blocks of 16, SpecForge's `objective_chunk_blocks` default."""
     grad_clip: float = 1.0
     seed: int = 0
     log_interval: int = 10
@@ -162,7 +179,9 @@ class Config:
 
     @property
     def gamma(self) -> float:
-        return self.drafter.gamma or 7.0 * self.drafter.block_size / 16
+        """`drafter.gamma`, or DFlash's published value for the block size, or 7 * B / 16 for other sizes."""
+        bs = self.drafter.block_size
+        return self.drafter.gamma or PUBLISHED_GAMMA.get(bs, 7.0 * bs / 16)
 
     @property
     def mask_token_id(self) -> int:
@@ -321,12 +340,20 @@ def validate(cfg: Config, name: str) -> None:
          f"must be a token id below the target's vocab_size {t.vocab_size}, or -1 (auto)")
     need(d.num_heads % d.num_kv_heads == 0, "drafter.num_kv_heads", "must divide drafter.num_heads")
     need(d.intermediate_size > 0, "drafter.intermediate_size", "must be > 0")
-    need(tr.steps >= 1, "train.steps", "must be >= 1")
+    need(tr.steps >= 0 and tr.epochs >= 0, "train.steps" if tr.steps < 0 else "train.epochs", "must be >= 0")
+    need(tr.steps >= 1 or tr.epochs >= 1, "train.steps", "must be >= 1 (or 0 with train.epochs >= 1)")
+    need(not tr.epochs or da.kind == "generated", "train.epochs",
+         "needs data.kind = 'generated' (the Markov data has no end)")
+    need(0 <= tr.warmup_ratio < 1, "train.warmup_ratio", "must be in [0, 1)")
+    need(len(tr.betas) == 2 and all(isinstance(b, int | float) and 0 <= b < 1 for b in tr.betas), "train.betas",
+         "must be [beta1, beta2], each in [0, 1)")
+    need(tr.loss_chunk >= 0, "train.loss_chunk", "must be >= 0 (0 = unchunked)")
+    need(t.micro_batches >= 1, "target.micro_batches", "must be >= 1")
     need(tr.batch_size >= 1, "train.batch_size", "must be >= 1")
     need(tr.num_anchors >= 1, "train.num_anchors", "must be >= 1")
-    room = tr.seq_len - da.prompt_len - d.block_size + 1
-    need(room >= tr.num_anchors, "train.seq_len",
-         f"response part too short: seq_len - prompt_len - block_size + 1 = {room} < num_anchors {tr.num_anchors}")
+    room = tr.seq_len - da.prompt_len - 1  # Markov anchors: any response position with a next token
+    need(da.kind != "markov" or room >= tr.num_anchors, "train.seq_len",
+         f"response part too short: seq_len - prompt_len - 1 = {room} < num_anchors {tr.num_anchors}")
     need(da.prompt_len >= 1, "data.prompt_len", "must be >= 1")
     need(1 <= da.branching <= t.vocab_size - 1, "data.branching", "must be in [1, vocab_size-1]")
     need(0 < da.top_prob <= 1, "data.top_prob", "must be in (0, 1]")

@@ -41,10 +41,10 @@ class MarkovData:
         choice = torch.multinomial(self.probs.expand(n_seqs, -1), t - p, replacement=True, generator=gen)
         for i in range(p, t):
             ids[:, i] = self.successors[ids[:, i - 1], choice[:, i - p]]
-        lo, hi = p, t - self.block_size  # anchors in the response, whole block inside the sequence
+        lo, hi = p, t - 2  # anchors anywhere in the response with a next token; a block's overflow is masked
         scores = torch.rand(n_seqs, hi - lo + 1, generator=gen)
         anchors = scores.topk(self.num_anchors, dim=1).indices.sort(dim=1).values + lo
-        return Batch(step=step, ids=ids, anchors=anchors)
+        return Batch(step=step, ids=ids, anchors=anchors, ends=torch.full((n_seqs,), t, dtype=torch.long))
 
 
 def main(argv: list[str] | None = None) -> int:

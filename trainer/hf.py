@@ -13,6 +13,8 @@ Loading is local only: `local_files_only=True`, never a hub download.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from typing import Any
 
 import torch
@@ -63,6 +65,31 @@ def _inputs_to(module: nn.Module, device: str) -> None:
 def sync_target_config(tcfg: TargetConfig) -> TargetConfig:
     """A copy of `tcfg` with the dimensions read from the checkpoint's config.json (they are the truth)."""
     return dataclasses.replace(tcfg, **target_dims(tcfg.path))
+
+
+class HFCache:
+    """transformers' DynamicCache behind the decoding cache interface of trainer/kvcache.py: `length`, and
+    `crop(n)` keeping positions < n (DynamicCache.crop wants minus the number to remove, as the reference calls it:
+    a positive argument means "keep n" on transformers 4 and is refused on 5)."""
+
+    def __init__(self, config: Any) -> None:
+        from transformers import DynamicCache
+
+        try:
+            self.inner = DynamicCache(config=config)
+        except TypeError:  # transformers releases whose DynamicCache takes no config
+            self.inner = DynamicCache()
+        if hasattr(self.inner, "activate_past_recording"):  # sliding-window / linear layers: keep what crop needs
+            self.inner.activate_past_recording()
+
+    @property
+    def length(self) -> int:
+        return int(self.inner.get_seq_length())
+
+    def crop(self, length: int) -> None:
+        remove = self.length - length
+        if remove > 0:  # crop(0) would empty the cache on transformers 4
+            self.inner.crop(-remove)
 
 
 class HFTarget:
@@ -123,14 +150,49 @@ class HFTarget:
 
     @torch.no_grad()
     def hidden_states(self, ids: Tensor, layer_ids: list[int]) -> Tensor:
-        """[B, T] -> [B, T, len(layer_ids) * H]: outputs of those decoder layers, on `ids`' device."""
-        out = self.model.model(input_ids=ids.to(self.first_device), output_hidden_states=True, use_cache=False)
-        return self._gather(out.hidden_states, layer_ids, ids.device)
+        """[B, T] -> [B, T, len(layer_ids) * H]: outputs of those decoder layers, on `ids`' device.
+
+        `target.micro_batches` = m > 1: the batch goes through in m micro-batches, issued one after another
+        without a host synchronisation (the pre-hooks' device-to-device copies and the gather are asynchronous).
+        On CUDA each device then executes its layers for micro-batch i while the next device still runs i-1, so
+        the stages of a layer-split target overlap instead of waiting in turn; on the CPU it is the same output
+        computed in pieces. Sequences are independent (no padding mask), so splitting changes no result."""
+        parts = [p for p in ids.to(self.first_device).tensor_split(max(1, self.cfg.micro_batches)) if len(p)]
+        feats = []
+        for part in parts:
+            out = self.model.model(input_ids=part, output_hidden_states=True, use_cache=False)
+            feats.append(self._gather(out.hidden_states, layer_ids, ids.device))
+            del out  # one micro-batch's hidden states of every layer at a time
+        return feats[0] if len(feats) == 1 else torch.cat(feats)
 
     @torch.no_grad()
     def forward_all(self, ids: Tensor, layer_ids: list[int]) -> tuple[Tensor, Tensor]:
         """Logits [B, T, V] and captured features [B, T, n*H] from one full forward (for decoding)."""
         out = self.model(input_ids=ids.to(self.first_device), output_hidden_states=True, use_cache=False)
+        return out.logits.to(ids.device), self._gather(out.hidden_states, layer_ids, ids.device)
+
+    def new_cache(self) -> HFCache:
+        return HFCache(self.model.config)
+
+    @functools.cached_property
+    def _cache_arg(self) -> str:
+        """`cache` on recent transformers (5.x deprecates `past_key_values`), `past_key_values` before."""
+        return "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+
+    @torch.no_grad()
+    def forward_cached(self, ids: Tensor, cache: HFCache, layer_ids: list[int],
+                       logits_to_keep: int = 0) -> tuple[Tensor, Tensor]:
+        """Decoding with transformers' KV cache (the `TinyTarget.forward_cached` contract): `ids` [1, t] continue
+        the `cache.length` cached positions (explicit position_ids); logits [1, t, V] (the last `logits_to_keep`,
+        0 = all) and the captured features [1, t, n*H] of the new positions, both on `ids`' device. Split over
+        devices, each layer's cache stays on that layer's device (the cache object itself is not moved)."""
+        first, past = self.first_device, cache.length
+        pos = torch.arange(past, past + ids.shape[1], device=first)[None]
+        kw = {self._cache_arg: cache.inner, **({"logits_to_keep": logits_to_keep} if logits_to_keep else {})}
+        out = self.model(input_ids=ids.to(first), position_ids=pos, use_cache=True,
+                         output_hidden_states=bool(layer_ids), **kw)
+        if not layer_ids:
+            return out.logits.to(ids.device), ids.new_zeros(*ids.shape, 0, dtype=out.logits.dtype)
         return out.logits.to(ids.device), self._gather(out.hidden_states, layer_ids, ids.device)
 
     @staticmethod
@@ -166,7 +228,10 @@ def build_target(cfg: Config) -> Any:
     """The target a config names: the HF checkpoint at `target.path`, else H1's tiny random model."""
     devices = list(cfg.devices.target)
     if cfg.target.path:
-        return load_hf_target(cfg.target, devices, target_dtype(cfg.target.dtype, devices, hf=True))
-    from trainer.tiny_target import TinyTarget
+        target = load_hf_target(cfg.target, devices, target_dtype(cfg.target.dtype, devices, hf=True))
+    else:
+        from trainer.tiny_target import TinyTarget
 
-    return TinyTarget(cfg.target).place(devices).to(target_dtype(cfg.target.dtype, devices, hf=False))
+        target = TinyTarget(cfg.target).place(devices).to(target_dtype(cfg.target.dtype, devices, hf=False))
+    target.mask_token_id = cfg.mask_token_id
+    return target

@@ -1,4 +1,12 @@
-"""DFlash objective: position k of a block predicts token anchor+k, weighted exp(-(k-1)/gamma), k >= 1."""
+"""DFlash objective: position k of a block predicts token anchor+k, weighted exp(-(k-1)/gamma), k >= 1.
+
+Blocks may run past the end of a response (SpecForge's layout): label positions at or past the sequence's end
+(`ends`, the first position that is not real response: padding, or past seq_len) are masked — weight 0 in the loss,
+not counted in acc, and the correct prefix behind acc_len stops there. Two ways to the same numbers:
+`dflash_loss` over full logits, and `chunked_dflash_loss` over the drafter's pre-LM-head hidden states, which
+computes the logits a chunk of rows at a time in forward and again in backward, so the [rows, vocab] logits
+never exist whole (512 blocks x 16 x 151,936 fp32 logits are 5 GB per sequence).
+"""
 
 from __future__ import annotations
 
@@ -18,29 +26,117 @@ def position_weights(block_size: int, gamma: float, device: torch.device | str =
 def block_inputs(ids: Tensor, anchors: Tensor, block_size: int, mask_token_id: int) -> tuple[Tensor, Tensor, Tensor]:
     """ids [B, T], anchors [B, A] -> (block_ids, block_pos, labels), each [B, A*Bs].
 
-    block = [anchor token, MASK x (Bs-1)] at positions anchor+k; labels[k] = ids[anchor+k]."""
+    block = [anchor token, MASK x (Bs-1)] at positions anchor+k; labels[k] = ids[anchor+k]. A block may run past
+    T: its positions keep counting (rotary needs no table), its labels there repeat ids[T-1] and must be masked
+    (`label_mask`)."""
     bsz, num_anchors = anchors.shape
     offs = torch.arange(block_size, device=ids.device)
     pos = anchors[:, :, None] + offs  # [B, A, Bs]
-    labels = torch.gather(ids, 1, pos.reshape(bsz, -1))
+    labels = torch.gather(ids, 1, pos.reshape(bsz, -1).clamp(max=ids.shape[1] - 1))
     block_ids = torch.full_like(pos, mask_token_id)
     block_ids[:, :, 0] = torch.gather(ids, 1, anchors)
     return block_ids.reshape(bsz, -1), pos.reshape(bsz, -1), labels
 
 
-def dflash_loss(logits: Tensor, labels: Tensor, weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """logits [B, A*Bs, V], labels [B, A*Bs], weights [Bs].
+def label_mask(block_pos: Tensor, ends: Tensor) -> Tensor:
+    """block_pos [B, A*Bs], ends [B] -> bool [B, A*Bs]: True where the label is a real token (position < end)."""
+    return block_pos < ends[:, None]
 
-    Returns (loss, acc, acc_len): the weighted CE normalised by the weight sum; top-1 accuracy over k >= 1;
-    acc_len = 1 + mean length of each block's correct prefix (k = 1, 2, ... until the first miss) — the
-    acceptance length tau a verifier would get from greedy drafts (+1 for the target's own token)."""
-    bs = weights.shape[0]
-    bsz = labels.shape[0]
+
+def _row_weights(weights: Tensor, shape: torch.Size, mask: Tensor | None) -> Tensor:
+    """Per-row loss weight [B * A*Bs]: the position weight, 0 where masked."""
+    w = weights.repeat(shape.numel() // weights.shape[0])
+    return w if mask is None else w * mask.reshape(-1).to(w.dtype)
+
+
+def _accuracy(correct: Tensor, mask: Tensor | None, block_size: int) -> tuple[Tensor, Tensor]:
+    """correct/mask [B, A*Bs] bool -> (acc over valid k >= 1, 1 + mean correct prefix over blocks whose k = 1 is
+    valid). The prefix stops at the first miss or the first masked position."""
+    bsz = correct.shape[0]
+    c = correct.view(bsz, -1, block_size)[:, :, 1:]
+    if mask is None:
+        valid = torch.ones_like(c)
+    else:
+        valid = mask.view(bsz, -1, block_size)[:, :, 1:]
+        c = c & valid
+    acc = c.sum().float() / valid.sum().clamp_min(1).float()
+    prefix = c.long().cumprod(-1).sum(-1)
+    blocks = valid[:, :, 0].sum().clamp_min(1).float()
+    return acc, 1.0 + prefix.sum().float() / blocks
+
+
+def dflash_loss(logits: Tensor, labels: Tensor, weights: Tensor,
+                mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """logits [B, A*Bs, V], labels [B, A*Bs], weights [Bs], mask [B, A*Bs] bool (None = every label real).
+
+    Returns (loss, acc, acc_len): the weighted CE normalised by the weight sum of the real labels; top-1 accuracy
+    over real labels at k >= 1; acc_len = 1 + mean length of each block's correct prefix (k = 1, 2, ... until the
+    first miss or masked label) — the acceptance length tau a verifier would get from greedy drafts (+1 for the
+    target's own token)."""
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
-    w = weights.repeat(labels.numel() // bs)
-    loss = (ce * w).sum() / w.sum()
-    correct = (logits.argmax(-1) == labels).view(bsz, -1, bs)[:, :, 1:]
-    acc = correct.float().mean()
-    acc_len = 1.0 + correct.long().cumprod(-1).sum(-1).float().mean()
+    w = _row_weights(weights, labels.shape, mask)
+    loss = (ce * w).sum() / w.sum().clamp_min(1e-12)
+    acc, acc_len = _accuracy(logits.argmax(-1) == labels, mask, weights.shape[0])
     return loss, acc, acc_len
 
+
+def _exp_shifted_(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """In place: logits -> exp(logits - rowmax); returns (that, rowmax [c, 1]). One [c, V] buffer, not three
+    (logsumexp and softmax each allocate their own temporaries)."""
+    top = logits.amax(-1, keepdim=True)
+    return logits.sub_(top).exp_(), top
+
+
+class _ChunkedCE(torch.autograd.Function):
+    """sum_i w_i * CE(h_i @ W^T, y_i) and argmax(h_i @ W^T) == y_i, `chunk` rows of logits at a time.
+
+    The matmul runs in W's dtype (the target's: bf16 on GPU, like the autocast LM head it replaces), the CE in
+    fp32, in place on one [chunk, V] fp32 buffer. Backward recomputes each chunk's logits:
+    grad_h = ((softmax - onehot) * w * grad) @ W. W is frozen: no gradient."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, labels: Tensor, w: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        hit = torch.empty(h.shape[0], dtype=torch.bool, device=h.device)
+        for s in range(0, h.shape[0], chunk):
+            logits = F.linear(h[s:s + chunk].to(weight.dtype), weight).float()
+            y = labels[s:s + chunk]
+            hit[s:s + chunk] = logits.argmax(-1) == y
+            target = logits.gather(1, y[:, None])
+            exp, top = _exp_shifted_(logits)
+            ce = (exp.sum(-1, keepdim=True).log() + top - target).squeeze(1)  # logsumexp - target logit
+            total = total + (ce * w[s:s + chunk]).sum()
+            del logits, exp
+        ctx.save_for_backward(h, weight, labels, w)
+        ctx.chunk = chunk
+        ctx.mark_non_differentiable(hit)
+        return total, hit
+
+    @staticmethod
+    def backward(ctx, grad_total: Tensor, _grad_hit: Tensor | None):
+        h, weight, labels, w = ctx.saved_tensors
+        chunk = ctx.chunk
+        scale = (w * grad_total)[:, None]
+        grad = torch.empty_like(h)
+        for s in range(0, h.shape[0], chunk):
+            exp, _ = _exp_shifted_(F.linear(h[s:s + chunk].to(weight.dtype), weight).float())
+            g = exp.div_(exp.sum(-1, keepdim=True))  # softmax
+            g.scatter_add_(1, labels[s:s + chunk, None], torch.full_like(g[:, :1], -1.0))
+            g.mul_(scale[s:s + chunk])
+            grad[s:s + chunk] = (g.to(weight.dtype) @ weight).to(h.dtype)
+            del exp, g
+        return grad, None, None, None, None
+
+
+def chunked_dflash_loss(hidden: Tensor, lm_head_weight: Tensor, labels: Tensor, weights: Tensor,
+                        mask: Tensor | None = None, chunk: int = 2048) -> tuple[Tensor, Tensor, Tensor]:
+    """`dflash_loss(F.linear(hidden, lm_head_weight), labels, weights, mask)` without the full logits: hidden
+    [B, A*Bs, H] (the drafter's normed pre-LM-head states), lm_head_weight [V, H] (frozen), `chunk` rows of logits
+    at a time. Same (loss, acc, acc_len), same gradient w.r.t. hidden. `chunk` <= 0 = one chunk."""
+    rows = labels.numel()
+    chunk = rows if chunk <= 0 else min(chunk, rows)
+    w = _row_weights(weights, labels.shape, mask)
+    w = w / w.sum().clamp_min(1e-12)
+    loss, hit = _ChunkedCE.apply(hidden.reshape(rows, -1), lm_head_weight, labels.reshape(-1), w, chunk)
+    acc, acc_len = _accuracy(hit.view(labels.shape), mask, weights.shape[0])
+    return loss, acc, acc_len

@@ -6,9 +6,9 @@ supervising (heartbeat, abort, SIGTERM).
 from __future__ import annotations
 
 import copy
-import math
 import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -28,14 +28,16 @@ from trainer.compile import (
     resolve_attention,
     threads_per_device,
 )
-from trainer.config import Config, TrainConfig
+from trainer.config import Config
 from trainer.data import MarkovData
 from trainer.dataset import GeneratedData
 from trainer.eval import PeriodicEval
+from trainer.export import drafter_meta, load_exported
 from trainer.hf import build_target
-from trainer.loss import block_inputs, position_weights
+from trainer.loss import block_inputs, label_mask, position_weights
 from trainer.masks import causal_block_mask, dense_mask, flex_block_mask
 from trainer.model import Drafter, build_drafter
+from trainer.schedule import lr_at, resolve
 from trainer.streams import mark, receive, thread_streams
 from trainer.supervise import CRASHED, FINISHED, RUNNING, Fault, Supervisor
 from trainer.telemetry import Heartbeat, Progress, emit, log_line
@@ -50,19 +52,10 @@ class Work:
     ids: Tensor
     anchors: Tensor
     hidden: Tensor
+    ends: Tensor
+    """[n] the first position past each sequence's real tokens (labels there are masked)."""
     ready: torch.cuda.Event | None = None
     """When the coordinator's stream has finished writing `hidden` (trainer/streams.py)."""
-
-
-def lr_at(step: int, tr: TrainConfig) -> float:
-    """Linear warm-up, then cosine (or constant) from lr to min_lr over the run."""
-    if step < tr.warmup_steps:
-        return tr.lr * (step + 1) / tr.warmup_steps
-    if tr.schedule == "constant":
-        return tr.lr
-    span = max(1, tr.steps - tr.warmup_steps)
-    frac = min(1.0, (step - tr.warmup_steps) / span)
-    return tr.min_lr + 0.5 * (tr.lr - tr.min_lr) * (1 + math.cos(math.pi * frac))
 
 
 class Trainer:
@@ -85,6 +78,9 @@ class Trainer:
         else:
             self.data = MarkovData(cfg.data, cfg.target.vocab_size, tr.seq_len, cfg.drafter.block_size,
                                    tr.num_anchors, tr.seed)
+        # steps from epochs, warm-up from a ratio: fixed once, here (trainer/schedule.py)
+        samples = len(self.data) if isinstance(self.data, GeneratedData) else None
+        self.cfg.train = tr = resolve(tr, samples, self.n * tr.batch_size)
         self.target = build_target(cfg)
         self.target_device = cfg.devices.target[0]
         if rt.compile_strategy == "naive":
@@ -94,12 +90,15 @@ class Trainer:
         self.evals = PeriodicEval.from_config(cfg, self.target, self.layer_ids)
         torch.manual_seed(tr.seed)
         base = build_drafter(self.target, cfg.drafter, len(self.layer_ids), "cpu")
+        if cfg.drafter.init_from:
+            load_exported(base, cfg.drafter.init_from)
         self.replicas: list[Drafter] = [copy.deepcopy(base).to(d) for d in self.devices]
-        self.opts = [torch.optim.AdamW(r.parameters(), lr=tr.lr, betas=(0.9, 0.95), weight_decay=tr.weight_decay)
+        self.opts = [torch.optim.AdamW(r.parameters(), lr=tr.lr, betas=tuple(map(float, tr.betas)),
+                                       weight_decay=tr.weight_decay)
                      for r in self.replicas]
         self.weights = {d: position_weights(cfg.drafter.block_size, cfg.gamma, d) for d in set(self.devices)}
         per_dev = threads_per_device(self.devices)
-        self.step_fns = {d: build_step_fn(rt, d, n) for d, n in per_dev.items()}
+        self.step_fns = {d: build_step_fn(rt, d, n, tr.loss_chunk) for d, n in per_dev.items()}
         self.notes = [f"cuda_graphs: off on {d}: {n} drafter threads share it (one autograd thread would replay "
                       "one backward graph for all of them; see trainer/compile.py compile_mode)"
                       for d, n in sorted(per_dev.items())
@@ -117,7 +116,11 @@ class Trainer:
 
     # ---- setup -------------------------------------------------------------------------------------------
     def _restore(self) -> None:
-        state = checkpoint.load_latest(self.run_dir)
+        try:
+            state = checkpoint.load_latest(self.run_dir)
+        except checkpoint.CheckpointError as e:
+            print(f"trainer: error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
         if state is None:
             emit("resume: no checkpoint found, starting from step 0")
             return
@@ -137,7 +140,7 @@ class Trainer:
         for rank, replica in enumerate(self.replicas):
             if self.sup.stop.is_set():
                 break
-            loss, _, _ = self._forward(rank, Work(-1, batch.ids, batch.anchors, hidden, mark(hidden)))
+            loss, _, _ = self._forward(rank, Work(-1, batch.ids, batch.anchors, hidden, batch.ends, mark(hidden)))
             loss.backward()
             replica.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
@@ -148,10 +151,11 @@ class Trainer:
         ids, anchors = item.ids.to(dev), item.anchors.to(dev)
         hidden = receive(item.hidden, item.ready, dev).to(dev)
         block_ids, block_pos, labels = block_inputs(ids, anchors, bs, self.target.mask_token_id)
+        real = label_mask(block_pos, item.ends.to(dev))
         use_flex = self.attention[rank] == "flex"
         mask = (flex_block_mask if use_flex else dense_mask)(anchors, ids.shape[1], bs)
         return self.step_fns[dev](self.replicas[rank], block_ids, block_pos, hidden, mask, labels,
-                                  self.weights[dev], use_flex)
+                                  self.weights[dev], use_flex, real)
 
     def _put(self, rank: int, item: Work | None) -> None:
         name = f"drafter-{rank}"
@@ -193,7 +197,7 @@ class Trainer:
                 ready = mark(hidden)  # no host sync: each drafter's stream waits for this event instead
                 for rank in range(self.n):
                     sl = slice(rank * bs, (rank + 1) * bs)
-                    self._put(rank, Work(step, batch.ids[sl], batch.anchors[sl], hidden[sl], ready))
+                    self._put(rank, Work(step, batch.ids[sl], batch.anchors[sl], hidden[sl], batch.ends[sl], ready))
                 info.step = step + 1
             for rank in range(self.n):
                 self._put(rank, None)
@@ -270,7 +274,7 @@ class Trainer:
 
     def _save(self, rank: int, step: int) -> Path:
         state = {"step": step, "drafter": self.replicas[rank].state_dict(), "optimizer": self.opts[rank].state_dict(),
-                 "config": self.cfg.to_dict()}
+                 "config": self.cfg.to_dict(), "drafter_meta": drafter_meta(self.cfg)}
         return checkpoint.save(self.run_dir, step, state, self.cfg.train.keep_checkpoints)
 
     # ---- main thread -------------------------------------------------------------------------------------
