@@ -104,21 +104,61 @@ def export(checkpoint_path: str | Path, out: str | Path, dtype: str = "bfloat16"
     return out
 
 
+def export_into(checkpoint_path: str | Path, parent: str | Path, dtype: str) -> tuple[Path, bool]:
+    """Export to `parent`/step-NNNNNNNN-<dtype>, or keep that directory when an earlier export wrote it (same
+    checkpoint, same dtype: the same bytes). Returns (directory, reused). What `dflashctl export` runs."""
+    from trainer.checkpoint import read_checkpoint
+
+    path, state = read_checkpoint(checkpoint_path)
+    out = Path(parent) / f"step-{int(state.get('step', 0)):08d}-{dtype}"
+    if (out / CONFIG_FILE).is_file() and (out / WEIGHTS_FILE).is_file():
+        return out, True
+    Path(parent).mkdir(parents=True, exist_ok=True)
+    return export(path, out, dtype), False
+
+
+def manifest(directory: Path) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of each file, so a copy can be checked end to end."""
+    import hashlib
+
+    files = {}
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        digest, size = hashlib.sha256(), 0
+        with open(directory / name, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+        files[name] = {"size": size, "sha256": digest.hexdigest()}
+    return files
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, help="a run directory (its newest checkpoint) or a step-*.pt file")
-    p.add_argument("--out", required=True, help="the drafter directory to write (must not exist)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", help="the drafter directory to write (must not exist)")
+    where.add_argument("--into", metavar="PARENT",
+                       help="write PARENT/step-N-<dtype> (kept as it is when an earlier export wrote it)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
                    help="weight dtype in model.safetensors (published drafters are bfloat16)")
+    p.add_argument("--json", action="store_true", help="print {out, reused, files: {name: {size, sha256}}}")
     args = p.parse_args(argv)
     from trainer.checkpoint import CheckpointError
 
     try:
-        out = export(args.checkpoint, args.out, args.dtype)
+        if args.out:
+            out, reused = export(args.checkpoint, args.out, args.dtype), False
+        else:
+            out, reused = export_into(args.checkpoint, args.into, args.dtype)
+        files = manifest(out) if args.json else {}
     except (CheckpointError, DrafterFormatError, OSError) as e:
         print(f"export: error: {e}", file=sys.stderr)
         return 2
-    print(f"exported {out} ({WEIGHTS_FILE}, {CONFIG_FILE}: DFlashDraftModel)")
+    if args.json:
+        print(json.dumps({"out": str(out), "reused": reused, "files": files}))
+    else:
+        print(f"{'kept the earlier export' if reused else 'exported'} {out} ({WEIGHTS_FILE}, {CONFIG_FILE}: "
+              "DFlashDraftModel)")
     return 0
 
 

@@ -225,3 +225,33 @@ def kill_zombies(
         show(zombie_table(report.rows, outcome=True))
         out(f"ended {len(report.ended)} of {len(victims)} in {time.monotonic() - t0:.1f}s")
     raise Exit(0 if not report.failed else 1)
+
+
+@app.command("export")
+def export(
+    run: str = typer.Argument("latest", metavar="[RUN]",
+                              help="the training run whose drafter to export (id or latest)"),
+    out_dir: Path | None = typer.Option(None, "--out", "-o", metavar="DIR",
+                                        help="local directory to create (default ./drafters/<run>-step-N-<dtype>; "
+                                             "never overwritten)"),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16 (as published drafters) or float32"),
+    host: str | None = HostOpt,
+    hosts: Path | None = HostsOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Export a run's drafter (newest checkpoint) as config.json + model.safetensors — the layout the dflash
+    package, SGLang and vLLM load — in the container, and copy it here."""
+    from dflashctl.commands import export as export_cmd
+
+    if dtype not in ("bfloat16", "float32"):
+        raise ConfigError(f"--dtype {dtype!r}: expected bfloat16 or float32", hint="e.g. --dtype bfloat16")
+    with open_target(hosts, host) as target:
+        res = export_cmd.export(target, run, out_dir, dtype)
+    if json_out:
+        print_json(res.to_record())
+        return
+    size = sum(int(f["size"]) for f in res.files.values()) / 2**20
+    out(f"{res.local_dir}: drafter of run {res.run_id} ({size:.1f} MiB, sha256 checked; "
+        f"{'kept' if res.reused else 'written'} in the container at {res.remote_dir})", markup=False)
+    out(f"  load it: dflash.model.DFlashDraftModel.from_pretrained({res.local_dir!r}), or serve it with SGLang "
+        f"--speculative-draft-model-path {res.local_dir}", markup=False)
