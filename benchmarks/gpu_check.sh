@@ -5,8 +5,10 @@
 #   bash benchmarks/gpu_check.sh --cpu-dry-run  # the same runs, shrunk, on the CPU: checks the script, not speed
 #   bash benchmarks/gpu_check.sh --help
 #
-# STATUS: NOT YET RUN ON A GPU. Written in a session without one; only --cpu-dry-run has been executed. Nothing in
-# benchmarks/results/ is a GPU figure until this script has written benchmarks/results/gpu_check.md on a GPU.
+# STATUS: NOT YET RUN ON A GPU. Written in sessions without one; only --cpu-dry-run has been executed (last: with
+# the issue-13 pieces below, 2026-12-01). Nothing in benchmarks/results/ is a GPU figure until this script has
+# written benchmarks/results/gpu_check.md on a GPU. Not covered even then: multi-GPU target splits and micro-batch
+# overlap (one GPU lent), SGLang/vLLM loading the export (no serving engine here), real Qwen3-8B weights.
 #
 # What it does, on cuda:0 only (target and drafter(s) share the GPU; random tiny-family targets, Markov data, no
 # checkpoint or download needed), each run a real `python -m trainer` process:
@@ -26,9 +28,13 @@
 # set (the device tool's output folder), to $OUT/gpu_check.md, with every run's log in $OUT/gpu_check_logs.tar.gz
 # (one archive, refreshed after each run: the tool returns at most 8 files, none with '+' in its name, and what is
 # under $OUT when a run is cut off at its time limit).
+# Then the issue-13 pieces (benchmarks/gpu_check_dflash.py): the chunked loss at 4 x 512 anchors x vocab 151,936
+# (bf16, peak CUDA memory against the full logits), `trainer.export` loaded by the reference `dflash` package on
+# the GPU (logits, lossless spec_generate, tau of its dflash_generate against trainer.eval --init-from), and
+# `trainer.eval --bench` at temperature 0 / 1 and with prompt lookup, speedup measured with CUDA timing.
 # Budget: each run is killed after RUN_TIMEOUT_S (default 150 s); runs still queued when TOTAL_BUDGET_S (default
-# 420 s) is spent are listed as skipped, so the script finishes within ~8 minutes on an H200 even if compiles are
-# slow. Needs a CUDA build of torch importable by $PYTHON (default: .venv/bin/python, else python3); the code was read
+# 360 s) is spent are listed as skipped; the pieces get DFLASH_PIECES_S (180 s), so the script finishes within
+# ~9.5 minutes on an H200 even if compiles are slow. Needs a CUDA build of torch importable by $PYTHON (default: .venv/bin/python, else python3); the code was read
 # against torch 2.13, the lent H200 image has had 2.11 (the table's header line prints the version that ran).
 set -u -o pipefail
 
@@ -48,7 +54,7 @@ if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-150}
-TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-420}
+TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-360}
 STEPS=${STEPS:-300}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
 LOGS=$WORK/logs
@@ -254,6 +260,18 @@ print("Logs: " + ("gpu_check_logs.tar.gz in $OUT of the device run" if out else 
       + ".")
 EOF
 rc=$?
+# ---- the issue-13 pieces: chunked loss at the recipe's scale, export + the reference dflash package, server-free
+# evaluation with real device timing (benchmarks/gpu_check_dflash.py; each piece reports its own failure and the rest
+# go on). Bounded by DFLASH_PIECES_S (default 180 s).
+small=(); [ "$DRY" = 1 ] && small=(--small)
+echo "[pieces] benchmarks/gpu_check_dflash.py --device $DEV ${small[*]}" >&2
+timeout -k 10 "${DFLASH_PIECES_S:-180}" "$PY" benchmarks/gpu_check_dflash.py --device "$DEV" "${small[@]}" \
+  --out "$WORK/pieces.md" > "$LOGS/pieces.log" 2>&1
+prc=$?
+if [ -s "$WORK/pieces.md" ]; then cat "$WORK/pieces.md" >> "$WORK/gpu_check.md"; fi
+[ "$prc" -ne 0 ] && printf '\nissue-13 pieces: exit %s (124 = cut off at DFLASH_PIECES_S); see logs/pieces.log\n' "$prc" \
+  >> "$WORK/gpu_check.md"
+if [ -n "${OUT:-}" ]; then tar -czf "$OUT/gpu_check_logs.tar.gz" -C "$WORK" logs results.tsv; fi
 cat "$WORK/gpu_check.md"
 if [ "$rc" -ne 0 ]; then echo "gpu_check: table step failed (rc=$rc); raw results in $RESULTS" >&2; exit 1; fi
 dest=benchmarks/results/gpu_check.md
