@@ -82,9 +82,9 @@ def sh(*args: str) -> str:
 
 
 def export_and_reference(device: str, work: Path) -> list[str]:
+    import dflash.model as ref_model
     import torch
 
-    import dflash.model as ref_model
     from trainer import checkpoint
     from trainer.config import load_config
     from trainer.export import drafter_meta
