@@ -136,7 +136,8 @@ def export_and_reference(device: str, work: Path) -> list[str]:
 
 def bench_eval(device: str, work: Path, small: bool) -> list[str]:
     ckpt = work / "tiny-qwen3"
-    out = ["| draft | temperature | tau | baseline ms/token | speculative ms/token | speedup |", "|---|---|---|---|---|---|"]
+    out = ["| draft | temperature | tau | baseline ms/token | speculative ms/token | speedup |",
+           "|---|---|---|---|---|---|"]
     for draft, temp in (("dflash", 0.0), ("dflash", 1.0), ("ngram", 0.0)):
         doc = json.loads(sh("trainer.eval", "--init-from", str(work / "drafter"), "--target", str(ckpt),
                             "--set", "target.dtype=float32", "--bench", "trainer/prompts/bench", "--limit", "2",
