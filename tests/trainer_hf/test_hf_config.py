@@ -17,9 +17,10 @@ def write(tmp_path, **cfg):
 def test_qwen3_dims_with_transformers5_rope_parameters(tmp_path):
     d = write(tmp_path, model_type="qwen3", vocab_size=151936, hidden_size=4096, num_hidden_layers=36,
               num_attention_heads=32, num_key_value_heads=8, intermediate_size=12288, rms_norm_eps=1e-6,
-              rope_parameters={"rope_theta": 1000000, "rope_type": "default"})
+              head_dim=128, rope_parameters={"rope_theta": 1000000, "rope_type": "default"})
     assert target_dims(d) == {"vocab_size": 151936, "hidden_size": 4096, "num_layers": 36, "num_heads": 32,
-                              "num_kv_heads": 8, "intermediate_size": 12288, "rope_theta": 1e6, "rms_eps": 1e-6}
+                              "num_kv_heads": 8, "intermediate_size": 12288, "rope_theta": 1e6, "rms_eps": 1e-6,
+                              "head_dim": 128, "model_type": "qwen3"}
 
 
 def test_llama_dims_with_legacy_rope_theta_and_no_kv_heads(tmp_path):
@@ -27,6 +28,7 @@ def test_llama_dims_with_legacy_rope_theta_and_no_kv_heads(tmp_path):
               num_attention_heads=8, intermediate_size=1024, rope_theta=500000.0)
     dims = target_dims(d)
     assert dims["num_kv_heads"] == 8 and dims["rope_theta"] == 500000.0 and dims["num_layers"] == 8
+    assert dims["head_dim"] == 64 and dims["model_type"] == "llama"  # no head_dim key: hidden_size // heads
 
 
 @pytest.mark.parametrize("setup, message", [
