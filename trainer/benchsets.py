@@ -11,11 +11,12 @@ few prompts of each shape written for this project, in the same field layout, fo
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trainer.jsonl import jsonl_objects
 
 BENCH_DIR = Path(__file__).parent / "prompts" / "bench"
 REASON = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -68,21 +69,8 @@ def load_bench(name: str, path: str | Path) -> list[BenchPrompt]:
     if name not in FORMATS:
         raise BenchError(f"unknown benchmark {name!r} (known: {', '.join(NAMES)})")
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise BenchError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
     prompts = []
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{no}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BenchError(f"{where}: invalid JSON ({e.msg})") from None
-        if not isinstance(rec, dict):
-            raise BenchError(f"{where}: expected a JSON object")
+    for where, rec in jsonl_objects(path, BenchError):
         try:
             turns = FORMATS[name](rec)
         except KeyError as e:

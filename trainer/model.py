@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trainer.config import DrafterConfig
+from trainer.kvcache import KVCache
 from trainer.layers import AttendFn, RMSNorm, SwiGLU, apply_rope, repeat_kv, rope_cos_sin
 from trainer.tiny_target import TargetModel
 
@@ -84,22 +85,6 @@ def full_attend(q: Tensor, k: Tensor, v: Tensor, mask: Any) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v)
 
 
-class DraftCache:
-    """Per layer, the keys/values of the context positions the drafter has seen (never a block's own), as the
-    reference's draft DynamicCache is after its crop to `start` following every draft."""
-
-    def __init__(self, num_layers: int) -> None:
-        self.kv: list[tuple[Tensor, Tensor] | None] = [None] * num_layers
-
-    @property
-    def length(self) -> int:
-        first = self.kv[0]
-        return 0 if first is None else first[0].shape[2]
-
-    def crop(self, length: int) -> None:
-        self.kv = [None if e is None else (e[0][:, :, :length], e[1][:, :, :length]) for e in self.kv]
-
-
 class Drafter(nn.Module):
     """The DFlash drafter, parameter for parameter the reference's `DFlashDraftModel` (dflash 0.1.0,
     dflash/model.py): `fc` over the concatenated target layers, `hidden_norm`, Qwen3-style layers whose keys and
@@ -163,11 +148,13 @@ class Drafter(nn.Module):
             return F.linear(hidden, self.lm_head_weight)
 
     # ---- decoding ----------------------------------------------------------------------------------------
-    def new_cache(self) -> DraftCache:
-        return DraftCache(len(self.layers))
+    def new_cache(self) -> KVCache:
+        """Per layer, the keys/values of the context positions the drafter has seen, never a block's own: the
+        reference's draft DynamicCache as it is after its crop to `start` following every draft."""
+        return KVCache(len(self.layers))
 
     @torch.no_grad()
-    def draft_logits(self, new_ctx: Tensor, ctx_start: int, block_ids: Tensor, cache: DraftCache) -> Tensor:
+    def draft_logits(self, new_ctx: Tensor, ctx_start: int, block_ids: Tensor, cache: KVCache) -> Tensor:
         """One block with a KV cache, as the reference's `dflash_generate` drafts. `new_ctx` [1, m, n*H]: target
         features of positions ctx_start..ctx_start+m-1, not yet given to the drafter (`cache.length` must be
         ctx_start); `block_ids` [1, Bs]: [anchor, MASK...] at the positions right after. Returns logits

@@ -7,31 +7,18 @@ it; without one, `prompt` is tokenized as is and `messages` as `role: content` l
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from trainer.dataset import DataError
+from trainer.jsonl import jsonl_objects
 
 
 def load_prompts(path: str | Path) -> list[dict[str, Any]]:
     """Parse and check a prompt file; every problem names `file:line`."""
     path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
     records = []
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{no}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: invalid JSON ({e.msg})") from None
-        if not isinstance(rec, dict):
-            raise DataError(f"{where}: expected a JSON object")
+    for where, rec in jsonl_objects(path, DataError):
         if isinstance(rec.get("prompt"), str) and rec["prompt"]:
             pass
         elif isinstance(rec.get("messages"), list) and rec["messages"]:
