@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     from trainer.dataset import DataError
     from trainer.devices import device_problem
+    from trainer.drafter_format import DrafterFormatError
     from trainer.eval import EvalError
     from trainer.hf_config import HFConfigError
     from trainer.pipeline import Trainer
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         trainer = Trainer(cfg, run_dir, resume=args.resume)
-    except (HFConfigError, DataError, EvalError) as e:  # checkpoint, data dir or eval prompts unusable
+    except (HFConfigError, DataError, EvalError, DrafterFormatError) as e:  # checkpoint, data, prompts, init_from
         print(f"trainer: error: {e}", file=sys.stderr, flush=True)
         return 2
     trainer.sup.stop = stop

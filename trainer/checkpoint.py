@@ -91,3 +91,17 @@ def check_layout(state: dict[str, Any], path: Path | str) -> None:
     if layout != LAYOUT:
         raise CheckpointError(f"{path}: drafter layout {layout or 'of an older trainer (no q_norm/k_norm)'} is not "
                               f"{LAYOUT}; retrain, or evaluate it with the trainer version that wrote it")
+
+
+def checkpoint_config(state: dict[str, Any]) -> Any:
+    """The Config a checkpoint was trained under, with the MASK id and target layers its drafter_meta recorded
+    (what the weights mean, whatever today's defaults would pick)."""
+    from trainer.config import config_from_dict
+
+    cfg = config_from_dict(state["config"])
+    meta = state.get("drafter_meta") or {}
+    if "mask_token_id" in meta:
+        cfg.drafter.mask_token_id = int(meta["mask_token_id"])
+    if meta.get("target_layer_ids"):
+        cfg.target.layer_ids = list(meta["target_layer_ids"])
+    return cfg

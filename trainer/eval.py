@@ -229,15 +229,18 @@ def run(args: argparse.Namespace) -> tuple[EvalReport, dict[str, Any]]:
         if args.target_devices:
             cfg.devices.target = [d.strip() for d in args.target_devices.split(",") if d.strip()]
         check_devices([args.device, *cfg.devices.target])
-        target, drafter, layer_ids = build_for_eval(cfg, args.device, weights, with_drafter=args.draft == "dflash")
-        if args.init_from and drafter is not None and not args.untrained:
-            from trainer.drafter_format import DrafterFormatError
-            from trainer.export import load_exported
+        use_init = bool(args.init_from) and args.draft == "dflash" and not args.untrained
+        from trainer.drafter_format import DrafterFormatError
+        from trainer.export import load_exported, read_exported
 
-            try:
-                load_exported(drafter, args.init_from)
-            except DrafterFormatError as e:
-                raise EvalError(str(e)) from None
+        try:
+            init_weights = read_exported(args.init_from) if use_init else None  # before the target loads
+            target, drafter, layer_ids = build_for_eval(cfg, args.device, weights,
+                                                        with_drafter=args.draft == "dflash")
+            if init_weights is not None:
+                load_exported(drafter, args.init_from, init_weights)
+        except DrafterFormatError as e:
+            raise EvalError(str(e)) from None
         tokenizer = None
         if cfg.target.path:
             from trainer.hf import load_tokenizer

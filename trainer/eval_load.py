@@ -22,20 +22,13 @@ def first_line(e: BaseException) -> str:
 
 def load_checkpoint(path: str | Path) -> tuple[Any, dict[str, Any]]:
     """(config, drafter state) of a step-*.pt file or a run directory's newest checkpoint."""
-    from trainer.checkpoint import CheckpointError, read_checkpoint
-    from trainer.config import config_from_dict
+    from trainer.checkpoint import CheckpointError, checkpoint_config, read_checkpoint
 
     try:
         _, state = read_checkpoint(path)
     except CheckpointError as e:
         raise EvalError(str(e)) from None
-    cfg = config_from_dict(state["config"])
-    meta = state.get("drafter_meta") or {}
-    if "mask_token_id" in meta:  # what the drafter was trained with, as trainer.export reads it
-        cfg.drafter.mask_token_id = int(meta["mask_token_id"])
-    if meta.get("target_layer_ids"):
-        cfg.target.layer_ids = list(meta["target_layer_ids"])
-    return cfg, state["drafter"]
+    return checkpoint_config(state), state["drafter"]
 
 
 def check_devices(devices: list[str]) -> None:

@@ -36,18 +36,27 @@ def drafter_meta(cfg: Any) -> dict[str, Any]:
             "block_size": cfg.drafter.block_size}
 
 
-def load_exported(drafter: nn.Module, directory: str | Path) -> None:
-    """Load DIR/model.safetensors into `drafter` (its shape already set from DIR/config.json by the config)."""
+def read_exported(directory: str | Path) -> dict[str, torch.Tensor]:
+    """DIR/model.safetensors as tensors; a missing, truncated or foreign file is one DrafterFormatError. Callers
+    read it before the target loads, so a broken directory fails in a second, not after the target's minutes."""
     from safetensors.torch import load_file
 
     path = Path(directory) / WEIGHTS_FILE
     try:
-        weights = load_file(str(path))
+        return load_file(str(path))
     except FileNotFoundError:
         raise DrafterFormatError(f"{path}: missing (not a drafter directory)") from None
     except Exception as e:  # a truncated or foreign file: safetensors raises its own error types
         raise DrafterFormatError(f"{path}: cannot read ({str(e).splitlines()[0] if str(e) else type(e).__name__})") \
             from None
+
+
+def load_exported(drafter: nn.Module, directory: str | Path,
+                  weights: dict[str, torch.Tensor] | None = None) -> None:
+    """Load DIR/model.safetensors (or `weights` already read from it) into `drafter`, whose shape the config set
+    from DIR/config.json; names or shapes that differ are one DrafterFormatError."""
+    path = Path(directory) / WEIGHTS_FILE
+    weights = read_exported(directory) if weights is None else weights
     ours = drafter.state_dict()
     missing, extra = sorted(set(ours) - set(weights)), sorted(set(weights) - set(ours))
     if missing or extra:
@@ -74,8 +83,7 @@ def export(checkpoint_path: str | Path, out: str | Path, dtype: str = "bfloat16"
     """Write the drafter of a checkpoint to `out` (which must not exist). Returns `out`."""
     from safetensors.torch import save_file
 
-    from trainer.checkpoint import read_checkpoint
-    from trainer.config import config_from_dict
+    from trainer.checkpoint import checkpoint_config, read_checkpoint
 
     out = Path(out)
     if out.exists():
@@ -83,10 +91,7 @@ def export(checkpoint_path: str | Path, out: str | Path, dtype: str = "bfloat16"
     if not out.parent.is_dir():
         raise DrafterFormatError(f"{out.parent}: no such directory")
     path, state = read_checkpoint(checkpoint_path)
-    cfg = config_from_dict(state["config"])
-    meta = state["drafter_meta"]
-    cfg.drafter.mask_token_id = int(meta["mask_token_id"])
-    cfg.target.layer_ids = list(meta["target_layer_ids"])
+    cfg = checkpoint_config(state)
     config = reference_config(cfg, cfg.target.num_layers, dtype, max_positions(cfg),
                               extra={"checkpoint": str(path), "step": int(state.get("step", 0)),
                                      "target": cfg.target.path or "tiny"})

@@ -32,7 +32,7 @@ from trainer.config import Config
 from trainer.data import MarkovData
 from trainer.dataset import GeneratedData
 from trainer.eval import PeriodicEval
-from trainer.export import drafter_meta, load_exported
+from trainer.export import drafter_meta, load_exported, read_exported
 from trainer.hf import build_target
 from trainer.loss import block_inputs, label_mask, position_weights
 from trainer.masks import causal_block_mask, dense_mask, flex_block_mask
@@ -81,6 +81,7 @@ class Trainer:
         # steps from epochs, warm-up from a ratio: fixed once, here (trainer/schedule.py)
         samples = len(self.data) if isinstance(self.data, GeneratedData) else None
         self.cfg.train = tr = resolve(tr, samples, self.n * tr.batch_size)
+        init_weights = read_exported(cfg.drafter.init_from) if cfg.drafter.init_from else None  # before the target
         self.target = build_target(cfg)
         self.target_device = cfg.devices.target[0]
         if rt.compile_strategy == "naive":
@@ -91,7 +92,7 @@ class Trainer:
         torch.manual_seed(tr.seed)
         base = build_drafter(self.target, cfg.drafter, len(self.layer_ids), "cpu")
         if cfg.drafter.init_from:
-            load_exported(base, cfg.drafter.init_from)
+            load_exported(base, cfg.drafter.init_from, init_weights)
         self.replicas: list[Drafter] = [copy.deepcopy(base).to(d) for d in self.devices]
         self.opts = [torch.optim.AdamW(r.parameters(), lr=tr.lr, betas=tuple(map(float, tr.betas)),
                                        weight_decay=tr.weight_decay)

@@ -227,3 +227,36 @@ def test_trainer_eval_and_the_reference_give_the_same_tau_for_a_trained_drafter(
     ref_tau = sum(per_request) / len(per_request)
     assert ref_tau > 1.5  # the drafter has learned something: a comparison of two 1.0s would prove nothing
     assert abs(ours["tau"] - ref_tau) <= 0.01 * ref_tau, (ours["tau"], ref_tau)
+
+
+def test_a_drafter_directory_with_broken_weights_is_one_line_for_training_and_eval(tiny_qwen3, tmp_path):
+    """config.json fine, model.safetensors truncated: `python -m trainer --init-from` and `trainer.eval
+    --init-from` each say which file and exit 2, no traceback."""
+    cfg = config(tiny_qwen3)
+    out = export(save_checkpoint(tmp_path / "run", cfg, randomized_drafter(cfg, build_target(cfg))),
+                 tmp_path / "drafter", dtype="float32")
+    weights = out / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    env_args = ["--set", f"target.path={tiny_qwen3}", "--set", "target.num_captured=3"]
+    for argv in ([sys.executable, "-m", "trainer", "--run-dir", str(tmp_path / "r"), "--init-from", str(out),
+                  *env_args],
+                 [sys.executable, "-m", "trainer.eval", "--init-from", str(out), "--target", str(tiny_qwen3),
+                  "--prompts", "trainer/prompts/eval.jsonl", "--max-new-tokens", "4"]):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr and "model.safetensors: cannot read" in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_resuming_from_a_checkpoint_of_the_old_layout_is_one_line_not_a_wrong_shape(tmp_path):
+    run = tmp_path / "run"
+    base = [sys.executable, "-m", "trainer", "--config", "trainer/configs/tiny-cpu.toml", "--run-dir", str(run),
+            "--set", "train.steps=2", "--set", "runtime.compile_strategy=off", "--set", "devices.drafters=['cpu']"]
+    assert subprocess.run(base, capture_output=True, text=True, timeout=300).returncode == 0
+    (ckpt,) = checkpoint.list_checkpoints(run)
+    old = torch.load(ckpt, weights_only=True)
+    del old["drafter_meta"]
+    torch.save(old, ckpt)
+    proc = subprocess.run([*base, "--resume", "--set", "train.steps=4"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [next(ln for ln in proc.stderr.splitlines() if "older trainer" in ln)]
