@@ -5,6 +5,7 @@ ssh + `pct exec`; checked by sha256, never overwriting, idempotent in the contai
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,19 @@ def test_export_of_something_that_is_not_a_trained_run_is_one_line(local_host, c
     assert unknown.code == 102 and "Traceback" not in unknown.err
     bad = cli("export", "--dtype", "int8")
     assert bad.code == 2 and "--dtype" in bad.err
+
+
+def test_export_of_a_checkpoint_the_container_refuses_is_its_one_line_and_exit_2(local_host, cli, tmp_path):
+    import torch
+
+    trained = cli("launch", "--name", "old", "--wait-for", "exit", "--timeout", "240", "--json", "--",
+                  "--set", "train.steps=4")
+    assert trained.code == 0, trained.err
+    run_dir = Path(trained.json()["run_dir"])
+    (ckpt,) = sorted((run_dir / "checkpoints").glob("step-*.pt"))
+    state = torch.load(ckpt, weights_only=True)
+    del state["drafter_meta"]  # as the trainer wrote checkpoints before the reference layout
+    torch.save(state, ckpt)
+    res = cli("export", "--out", str(tmp_path / "d"))
+    assert res.code == 2 and "Traceback" not in res.err, res.err
+    assert "older trainer" in res.err and not (tmp_path / "d").exists()
