@@ -21,7 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("dflashctl", "trainer")
 
-LAYERS: list[set[str]] = [{"__main__"}, {"cli"}, {"commands"}, {"config"}, {"analysis", "remote"}, {"agent"},
+LAYERS: list[set[str]] = [{"__main__"}, {"cli"}, {"commands"}, {"config"}, {"sentinel"}, {"analysis", "remote"},
+                          {"report"}, {"agent"},
                           {"model", "errors", "__init__"}]
 ISOLATED = {"dflashctl.agent": "dflashctl.agent", "trainer": "trainer"}  # package -> the only dflashctl part it may use
 ACYCLIC = ("dflashctl", "trainer")  # no two modules depend on each other anywhere

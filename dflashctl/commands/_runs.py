@@ -11,11 +11,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from dflashctl.analysis.progress import custom
-from dflashctl.analysis.verdict import ProcessState, process_verdict
+from dflashctl.analysis.verdict import JOB_KINDS, ProcessState, process_verdict
 from dflashctl.model import Host, Verdict
-from dflashctl.remote.report import RunRecord
-
-JOB_KINDS = ("eval", "generate")  # runs that are not training: no steps to wait for (meta.json `kind`)
+from dflashctl.report import RunRecord
 
 
 @dataclass(frozen=True)

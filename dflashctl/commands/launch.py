@@ -45,8 +45,8 @@ from dflashctl.commands.waiting import LaunchFailed, LogKeeper, WaitFor, WaitRes
 from dflashctl.errors import ConfigError, DflashError, ExitCode, NotFound
 from dflashctl.model import Host
 from dflashctl.remote import probe, scripts
-from dflashctl.remote.report import ProbeReport
 from dflashctl.remote.target import Target
+from dflashctl.report import ProbeReport
 
 # Other modules and tests import these from here (launch_cmd.wait, launch_cmd.parse_env …): they keep working.
 # Tests patch CONFIRM_S, ALIVE_FOR_S and MIN_FREE_MIB on this module: confirm() and _check_disk() read them here.

@@ -8,8 +8,8 @@ from typing import Any
 
 from dflashctl.commands._runs import RunInfo, host_progress, run_from_probe
 from dflashctl.remote import probe
-from dflashctl.remote.report import ProbeReport
 from dflashctl.remote.target import Target
+from dflashctl.report import ProbeReport
 
 
 @dataclass

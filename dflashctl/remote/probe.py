@@ -22,7 +22,7 @@ bytes; a file that shrank below the offset or changed inode is read from 0 with 
 The probe never reports itself or its ancestors (the caller) in procs. gpus.smi_csv is nvidia-smi's
 `--format=csv,nounits` output, header included (analysis/gpus.py reads the columns by their names).
 
-probe_once / probe_stream return typed reports (remote/report.py, parsed once here); probe_doc / stream_docs give
+probe_once / probe_stream return typed reports (report.py, parsed once here); probe_doc / stream_docs give
 the raw dicts, for tests of the probe program itself.
 """
 
@@ -35,9 +35,9 @@ from functools import lru_cache
 from dflashctl.agent.probe.main import PROBE_VERSION
 from dflashctl.errors import DflashError, ExitCode, NotFound
 from dflashctl.model import HostGpuReport
-from dflashctl.remote.report import ProbeReport, check_version, parse_report
 from dflashctl.remote.scripts import module_source, parse_replies, parse_reply
 from dflashctl.remote.target import Target
+from dflashctl.report import ProbeReport, check_version, parse_report
 
 __all__ = ["PROBE_VERSION", "build_script", "decode_log", "parse_frames", "probe_args", "probe_doc",
            "probe_host_gpu_procs", "probe_once", "probe_stream", "stream_docs"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dflashctl.analysis.zombies import classify
-from dflashctl.remote.report import parse_host_gpu, parse_proc
+from dflashctl.report import parse_host_gpu, parse_proc
 
 from .zombie_scenario import local_box, pve_box, run_decoy_scenario
 

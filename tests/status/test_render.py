@@ -9,7 +9,7 @@ from rich.console import Console
 
 from dflashctl.cli.status import render_view
 from dflashctl.commands.status import Watcher
-from dflashctl.remote.report import parse_report
+from dflashctl.report import parse_report
 
 NO_SMI = ("no GPUs visible: nvidia-smi not found "
           "(NVMLError_LibraryNotFound: NVML Shared Library Not Found)")

@@ -6,7 +6,7 @@ import base64
 
 from dflashctl.commands.status import Watcher
 from dflashctl.model import Verdict
-from dflashctl.remote.report import parse_report
+from dflashctl.report import parse_report
 
 SMI_IDLE = "0, GPU-00000000-0000-4000-8000-000000000000, NVIDIA H200, 88283, 143771, 0, 118.00\n"
 

@@ -1,0 +1,178 @@
+"""What status carries from one probe report to the next, and the view it judges: one engine for the laptop's
+`status` and the container's sentinel.
+
+`Watcher` holds what must survive between probe reports (the log scanner and its offset, GPU samples over the
+window, when the step last moved); each `update` turns one report into a judged `StatusView`, from which the
+table, `--json` and the sentinel's events are all built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflashctl.analysis.gpus import from_probe
+from dflashctl.analysis.health import Evidence, GpuSweep, Health, Thresholds, judge
+from dflashctl.analysis.logscan import LogScanner
+from dflashctl.analysis.records import to_record
+from dflashctl.analysis.stepclock import StepClock
+from dflashctl.analysis.verdict import JOB_KINDS, EndWatch, ProcessState
+from dflashctl.model import Verdict
+from dflashctl.report import ProbeReport, RunRecord
+
+HISTORY = 120  # GPU sweeps kept (utilisation history in watch mode)
+
+
+@dataclass
+class StatusView:
+    """One moment of one run, as judged. Both the table and --json are built from this."""
+
+    host: str
+    run: RunRecord | None  # the probe's run record (id, dir, pid, alive, exit_code, meta …)
+    health: Health
+    time: float | None  # the container's clock at the report
+    uptime_s: float | None = None
+    seconds_since_log: float | None = None  # since new log bytes last arrived
+    log_path: str | None = None
+    log_lines_from_start: bool = True  # False: line numbers count from where reading began (tail)
+    gpu_error: str | None = None
+    reconnecting: str | None = None  # why the watch is reconnecting (None: connected)
+    settling: bool = False  # watching: the trainer is gone and its exit code not written yet (not final)
+    log_offset: int | None = None  # where the next read of the log starts
+    log_bytes_scanned: int = 0  # bytes the scanner has read so far (each byte once, unless rotated)
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run.id if self.run else None
+
+    @property
+    def exit_code(self) -> int:
+        return self.health.exit_code
+
+    def to_record(self) -> dict[str, Any]:
+        rec = {
+            "host": self.host,
+            "run": None if self.run is None else self.run.to_record(),
+            "time": self.time,
+            "uptime_s": self.uptime_s,
+            "seconds_since_log": self.seconds_since_log,
+            "seconds_since_progress": self.health.seconds_since_progress,
+            "reasons": self.health.reasons,
+            "exit_code": self.exit_code,
+            "log": {"path": self.log_path, "lines_from_start": self.log_lines_from_start,
+                    "offset": self.log_offset, "bytes_scanned": self.log_bytes_scanned},
+            "gpu_error": self.gpu_error,
+            "reconnecting": self.reconnecting,
+            "settling": self.settling,
+        }
+        rec.update(to_record(self.health))
+        rec["gpus"] = [dict(g, history=h.history) for g, h in zip(rec["gpus"], self.health.gpus, strict=True)]
+        return rec
+
+
+def _job(run: RunRecord) -> str | None:
+    """What a run that is not training does (meta.json `kind` eval / generate, its `job` line), else None."""
+    meta = run.meta or {}
+    if meta.get("kind", "train") not in JOB_KINDS:  # train, exec, adopted: a training program of some kind
+        return None
+    return str(meta.get("job") or f"a {meta.get('kind')} run")
+
+
+def _started_at(run: RunRecord) -> float | None:
+    meta = run.meta or {}
+    v = meta.get("started_at_epoch")
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def gpu_sweep(doc: ProbeReport) -> tuple[GpuSweep | None, str | None]:
+    """The GPU readings of one probe report (NVML or nvidia-smi CSV), or why there are none."""
+    samples, error = from_probe(doc.gpus, doc.time)
+    return (GpuSweep(doc.time, samples) if samples is not None else None), error
+
+
+@dataclass
+class Watcher:
+    """State carried from one probe report to the next."""
+
+    host: str
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    scanner: LogScanner = field(default_factory=LogScanner)
+    sweeps: deque[GpuSweep] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    next_offset: int | None = None
+    inode: int | None = None
+    run_id: str | None = None
+    from_start: bool = True
+    last_log_at: float | None = None
+    last: StatusView | None = None
+    live: bool = False  # watching: a step seen at the first look counts as fresh until it stops moving
+    end: EndWatch = field(default_factory=EndWatch)  # a gone process is lost only after the exit-code grace
+    steps: StepClock = field(init=False)  # when the last new step happened (the stall rule's clock)
+
+    def __post_init__(self) -> None:
+        self.steps = StepClock(self.thresholds.stall_window_s, live=self.live)
+
+    def update(self, doc: ProbeReport) -> StatusView:
+        now = doc.time
+        run = doc.run
+        if run and run.id != self.run_id:  # a different run: start over
+            self.scanner.reset()
+            self.run_id, self.next_offset, self.inode = run.id, None, None
+            self.last_log_at = None
+            self.steps.reset()
+        log = doc.log
+        if log:
+            data = log.data
+            if log.rotated:
+                self.scanner.reset()
+                self.from_start = True
+            elif self.next_offset is None:
+                self.from_start = log.offset == 0
+                if not self.from_start:  # a tail starts mid-line: skip to the first whole line
+                    data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+            mtime = log.mtime
+            if data:
+                self.scanner.feed(data)
+                # the file's mtime is when these bytes were written (a tail read at the first look may be
+                # hours old); `now` only when the probe did not say
+                self.last_log_at = min(mtime, now) if mtime is not None and now is not None else (mtime or now)
+            elif self.last_log_at is None and mtime is not None:
+                self.last_log_at = mtime
+            self.next_offset, self.inode = log.next_offset, log.inode
+        sweep, gpu_error = gpu_sweep(doc)
+        if sweep is not None:
+            self.sweeps.append(sweep)
+        report = self.scanner.report()
+        hb = run.heartbeat if run else None
+        stepped = report.last_step_point  # a dict line without a step (HF Trainer) between two bars is no new step
+        step = stepped.values.get("step") if stepped else None
+        if step is None and hb is not None and isinstance(hb.get("step"), int | float):
+            step = float(hb["step"])
+        progress_time = self.steps.see(step, now, log.mtime if log else None)
+        process = ProcessState()
+        if run:
+            process = ProcessState(alive=run.alive, exit_code=run.exit_code, stopped=run.stopped,
+                                   started_at=_started_at(run), ending=run.ending, job=_job(run))
+        ev = Evidence(now=now, process=process, log=report, sweeps=list(self.sweeps),
+                      errors=run.errors if run else {}, heartbeat=hb,
+                      last_progress_time=progress_time)
+        health = judge(ev, self.thresholds)
+        started = process.started_at
+        ending = self.end.see(process, now) if run and now is not None else "running"
+        settling = self.live and health.verdict == Verdict.LOST and ending == "settling"
+        view = StatusView(
+            host=self.host, run=run, health=health, time=now,
+            uptime_s=(now - started) if started is not None and now is not None and process.alive else None,
+            seconds_since_log=(now - self.last_log_at) if now is not None and self.last_log_at is not None else None,
+            log_path=log.path if log else None, log_lines_from_start=self.from_start, gpu_error=gpu_error,
+            log_offset=self.next_offset, log_bytes_scanned=self.scanner.bytes_scanned, settling=settling,
+        )
+        self.last = view
+        return view
+
+    def reconnecting(self, why: str) -> StatusView | None:
+        """The last view, marked as waiting for the connection to come back."""
+        if self.last is None:
+            return None
+        return dataclasses.replace(self.last, reconnecting=why)
