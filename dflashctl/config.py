@@ -25,6 +25,8 @@ HOST_KEYS = (
     "python", "gpus", "config", "accept_new_host_key",
     "code_source", "code_max_file_mib", "code_max_total_mib",
     "command", "progress_regex",
+    "sentinel", "sentinel_interval", "notify", "on_worker_failure", "idle_limit", "stall_limit", "restart_on",
+    "max_restarts", "restart_backoff",
 )
 GPU_KEYS = ("target", "drafters")
 SSH_ONLY = ("address", "user", "port", "identity_file", "proxy_jump", "accept_new_host_key")
@@ -42,6 +44,11 @@ def host_record(host: Host, *, default: bool) -> dict[str, Any]:
         "config": host.config, "accept_new_host_key": host.accept_new_host_key,
         "code_source": host.code_source, "command": list(host.command) if host.command is not None else None,
         "progress_regex": host.progress_regex,
+        "sentinel": host.sentinel, "notify": list(host.notify),
+        "notify_on": None if host.notify_on is None else list(host.notify_on),
+        "on_worker_failure": host.on_worker_failure, "idle_limit": host.idle_limit, "stall_limit": host.stall_limit,
+        "restart_on": None if host.restart_on is None else list(host.restart_on), "max_restarts": host.max_restarts,
+        "restart_backoff": host.restart_backoff,
     }
 
 
@@ -272,6 +279,7 @@ def _host(name: str, t: dict[str, Any], where: _Where) -> Host:
         **_code_keys(name, t, where),
         command=_command(name, t, where),
         progress_regex=_progress_regex(name, t, where),
+        **_sentinel_keys(name, t, where),
     )
 
 
@@ -327,6 +335,16 @@ def _code_keys(name: str, t: dict[str, Any], where: _Where) -> dict[str, Any]:
             raise where.error(name, key, f"must be a positive number of MiB like 50, not {v!r}")
         out[key] = float(v)
     return out
+
+
+def _sentinel_keys(name: str, t: dict[str, Any], where: _Where) -> dict[str, Any]:
+    """The run sentinel's keys, each checked by the parser the launch flags go through (sentinel/hostkeys.py)."""
+    from dflashctl.sentinel.hostkeys import KeyProblem, host_keys
+
+    try:
+        return host_keys(t)
+    except KeyProblem as e:
+        raise where.error(name, e.key, e.message, hint=e.hint) from None
 
 
 def host_key_error(host: Host, key: str, problem: str, hint: str | None = None) -> ConfigError:

@@ -44,6 +44,18 @@ class Host:
     code_max_total_mib: float = 200.0  # ... or more than this in all
     command: tuple[str, ...] | None = None  # what `launch` starts instead of the bundled trainer (argv)
     progress_regex: str | None = None  # the user's trainer's own progress line (analysis.progress.custom)
+    # the run's sentinel (sentinel/spec.py checks each when hosts.toml is read; `launch` flags override them)
+    sentinel: bool = True  # start a sentinel with each run
+    sentinel_interval_s: float | None = None
+    notify: tuple[str, ...] = ()  # [hosts.X.notify] targets, in --notify's spelling (webhook:URL, ntfy:URL, …)
+    notify_on: tuple[str, ...] | None = None  # event kinds notified (None: the default set)
+    notify_min_gap_s: float | None = None  # rate limit: one message per this long, the rest batched
+    on_worker_failure: str | None = None  # stop | keep
+    idle_limit: str | None = None  # e.g. 5%@30m
+    stall_limit: str | None = None  # e.g. 20m
+    restart_on: tuple[str, ...] | None = None  # crashed, stalled
+    max_restarts: int | None = None
+    restart_backoff: str | None = None
 
     @property
     def endpoint(self) -> str:

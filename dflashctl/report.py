@@ -41,11 +41,14 @@ class RunRecord:
     ended_at: float | None = None  # mtime of exit_code (container clock)
     log_size: int | None = None  # with --runs
     log_tail: bytes = b""  # with --runs: the log's last bytes, for its last step
+    stopped_by: dict[str, Any] | None = None  # the `stopped` marker: who stopped the run, and why
+    restart: dict[str, Any] | None = None  # restart.json: the sentinel asked for another attempt (attempt, why)
 
     def to_record(self) -> dict[str, Any]:
         """The run as `status --json` prints it."""
         return {"id": self.id, "dir": self.dir, "pid": self.pid, "alive": self.alive, "ending": self.ending,
-                "exit_code": self.exit_code, "stopped": self.stopped}
+                "exit_code": self.exit_code, "stopped": self.stopped,
+                "stopped_by": self.stopped_by}
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class ProbeReport:
     run_ids: tuple[str, ...] = ()
     runs: tuple[RunRecord, ...] = ()
     host_gpu_procs: HostGpuReport | None = None
+    events_data: bytes | None = None  # with --events: the run's events.jsonl (its tail; None: not asked)
 
     @property
     def log_data(self) -> bytes:
@@ -145,7 +149,8 @@ def parse_run(doc: Mapping[str, Any]) -> RunRecord:
         heartbeat=_dict(doc.get("heartbeat")), errors=_dict(doc.get("errors")) or {},
         ending=bool(doc.get("ending")), supervisor_pid=_int(doc.get("supervisor_pid")),
         ended_at=_float(doc.get("ended_at")), log_size=_int(doc.get("log_size")),
-        log_tail=_b64(doc.get("log_tail_b64")),
+        log_tail=_b64(doc.get("log_tail_b64")), stopped_by=_dict(doc.get("stopped_by")) if doc.get("stopped") else None,
+        restart=_dict(doc.get("restart")),
     )
 
 
@@ -194,4 +199,5 @@ def parse_report(doc: Mapping[str, Any]) -> ProbeReport:
         run_ids=tuple(r for r in _list(doc.get("run_ids")) if isinstance(r, str)),
         runs=tuple(parse_run(r) for r in _list(doc.get("runs")) if isinstance(r, dict)),
         host_gpu_procs=parse_host_gpu(host) if host is not None else None,
+        events_data=_b64(doc.get("events_b64")) if "events_b64" in doc else None,
     )

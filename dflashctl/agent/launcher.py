@@ -28,23 +28,34 @@ rest of agent/lib as it travels (remote/scripts.py), not a copy of it.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
 import pwd
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 
+from dflashctl.agent.lib.attempts import SPEC_FILE, next_spec, restart_event, wait_before_start
+from dflashctl.agent.lib.checkpoints import newest_checkpoint, take_checkpoint
 from dflashctl.agent.lib.frame import reply
 from dflashctl.agent.lib.fsutil import read_bytes, read_int, write_atomic
-from dflashctl.agent.lib.procfs import MARKER, RUN_DIR_VAR, proc_env_var, proc_marker, proc_stat, process_identity
+from dflashctl.agent.lib.procfs import (
+    MARKER,
+    RUN_DIR_VAR,
+    marked_processes,
+    proc_env_var,
+    proc_marker,
+    proc_stat,
+    process_identity,
+)
 from dflashctl.agent.lib.reaping import KILL_WAIT_S, end_group
 from dflashctl.agent.lib.rundir import HASH_FILE, lock_runs, mkdir_exclusive, now_iso, point_latest
 from dflashctl.agent.lib.runstate import adopted_by, live_latest
+from dflashctl.agent.lib.sentinelproc import end_sentinel, start_sentinel, unreachable
 
 GROUP_GRACE_S = 5.0
 
@@ -54,35 +65,43 @@ def _emit(doc: dict) -> int:
 
 
 def launch(spec: dict, source: str) -> int:
+    return _emit(start(spec, source))
+
+
+def start(spec: dict, source: str, *, wait_pid: bool = True) -> dict:
+    """Create the run directory and fork its supervisor; the reply's doc (an {"error"} doc when refused)."""
     cwd = spec["cwd"]
     command, shell = spec.get("command"), spec.get("shell")
     exec_mode = command is not None or shell is not None
     config_src = None
     if exec_mode:
         if not os.path.isdir(cwd):
-            return _emit({"error": "code-missing", "message": f"no code deployed in {cwd}"})
+            return {"error": "code-missing", "message": f"no code deployed in {cwd}"}
     elif spec.get("config_text") is None:
         path = spec["config_path"]
         config_src = path if os.path.isabs(path) else os.path.join(cwd, path)
         if not os.path.isfile(config_src):
-            return _emit({"error": "config-missing", "message": f"config {config_src} not found in the container"})
+            return {"error": "config-missing", "message": f"config {config_src} not found in the container"}
+    why = unreachable((spec.get("sentinel") or {}).get("targets") or [])
+    if why:
+        return {"error": "notify-unreachable", "message": why}
     lock_runs(spec["runs_dir"])
     live = live_latest(spec["runs_dir"])
     if live:
-        return _emit({"error": "run-alive", "message": f"run {live} is still running", "run_id": live})
+        return {"error": "run-alive", "message": f"run {live} is still running", "run_id": live}
     resume = spec.get("resume_from")
     checkpoint = None
     if resume:
         if "/" in resume or resume in (".", "..", "latest"):
-            return _emit({"error": "no-checkpoint", "message": f"{resume!r} is not a run id"})
-        checkpoint = _newest_checkpoint(os.path.join(spec["runs_dir"], resume))
+            return {"error": "no-checkpoint", "message": f"{resume!r} is not a run id"}
+        checkpoint = newest_checkpoint(os.path.join(spec["runs_dir"], resume))
         if checkpoint is None:
-            return _emit({"error": "no-checkpoint", "message": f"run {resume} has no checkpoint to resume from"})
+            return {"error": "no-checkpoint", "message": f"run {resume} has no checkpoint to resume from"}
     try:
         run_id, run_dir = mkdir_exclusive(spec["runs_dir"], spec["base_id"])
     except (OSError, RuntimeError) as e:
-        return _emit({"error": "run-dir", "message": str(e)})
-    resumed = _take_checkpoint(checkpoint, run_dir, resume) if resume and checkpoint else None
+        return {"error": "run-dir", "message": str(e)}
+    resumed = take_checkpoint(checkpoint, run_dir, resume) if resume and checkpoint else None
     meta = dict(spec["meta"])
     if exec_mode:
         argv = list(command) if command is not None else [shutil.which("bash") or "/bin/sh", "-c", shell]
@@ -108,12 +127,21 @@ def launch(spec: dict, source: str) -> int:
     })
     if resumed:
         meta["resumed_from"] = resumed
+    restart = (spec.get("sentinel") or {}).get("restart")
+    if restart and not meta.get("chain"):  # the first attempt of a launch that may restart
+        meta.update(attempt=1, chain={"first": run_id, "previous": None, "attempt": 1,
+                                      "attempts_max": 1 + int(restart.get("max_restarts") or 0)})
     env = _run_env(spec.get("env") or {}, run_id, run_dir)
     write_atomic(os.path.join(run_dir, "meta.json"), (json.dumps(meta, indent=2) + "\n").encode())
     write_atomic(os.path.join(run_dir, "launch.json"),
                  json.dumps({"argv": argv, "cwd": cwd, "env": spec.get("env") or {},
-                             "what": "program" if exec_mode else "trainer"}).encode())
+                             "what": "program" if exec_mode else "trainer", "sentinel": spec.get("sentinel"),
+                             "wait": spec.get("wait")}).encode())
     write_atomic(os.path.join(run_dir, "launcher.py"), source.encode())
+    if spec.get("sentinel_zip_b64"):
+        write_atomic(os.path.join(run_dir, "sentinel.pyz"), base64.b64decode(spec["sentinel_zip_b64"]))
+    write_atomic(os.path.join(run_dir, SPEC_FILE),
+                 json.dumps({k: v for k, v in spec.items() if k not in ("sentinel_zip_b64", "wait")}).encode())
     log_fd = os.open(os.path.join(run_dir, "train.log"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
     point_latest(spec["runs_dir"], run_id)
 
@@ -134,9 +162,9 @@ def launch(spec: dict, source: str) -> int:
             write_atomic(os.path.join(run_dir, "exit_code"), b"127\n")
         os._exit(127)
     os.close(log_fd)
-    pid, exit_code = _wait_for_pid(run_dir, child, timeout=5.0)
-    return _emit({"run_id": run_id, "run_dir": run_dir, "pid": pid, "exit_code": exit_code, "supervisor": child,
-                  "resumed_from": resumed})
+    pid, exit_code = _wait_for_pid(run_dir, child, timeout=5.0) if wait_pid else (None, None)
+    return {"run_id": run_id, "run_dir": run_dir, "pid": pid, "exit_code": exit_code, "supervisor": child,
+            "resumed_from": resumed}
 
 
 def _run_env(extra: dict, run_id: str, run_dir: str) -> dict:
@@ -239,35 +267,6 @@ def _identity(pid: int) -> dict | None:
     return from_util
 
 
-_CHECKPOINT = re.compile(r"^step-(\d{8})\.pt$")  # trainer/checkpoint.py's names: temp files never match
-
-
-def _newest_checkpoint(run_dir: str) -> str | None:
-    try:
-        names = [n for n in os.listdir(os.path.join(run_dir, "checkpoints")) if _CHECKPOINT.match(n)]
-    except OSError:
-        return None
-    return os.path.join(run_dir, "checkpoints", max(names)) if names else None
-
-
-def _take_checkpoint(checkpoint: str, run_dir: str, source_run: str) -> dict:
-    """The new run starts with the source run's newest checkpoint in its own checkpoints/: a hard link (no copy
-    of gigabytes; safe because checkpoints are written by rename and never changed in place, and each run's pruning
-    only unlinks its own names), a copy where a link is impossible. The source run directory is not touched."""
-    dest_dir = os.path.join(run_dir, "checkpoints")
-    os.mkdir(dest_dir)
-    dest = os.path.join(dest_dir, os.path.basename(checkpoint))
-    try:
-        os.link(checkpoint, dest)
-        linked = True
-    except OSError:
-        shutil.copyfile(checkpoint, dest + ".tmp")
-        os.replace(dest + ".tmp", dest)
-        linked = False
-    step = int(_CHECKPOINT.match(os.path.basename(checkpoint)).group(1))
-    return {"run": source_run, "checkpoint": checkpoint, "step": step, "linked": linked}
-
-
 def _wait_for_pid(run_dir: str, child: int, timeout: float) -> tuple[int | None, int | None]:
     """The program's pid as the supervisor records it (or the exit code if it could not start)."""
     deadline = time.time() + timeout
@@ -299,14 +298,18 @@ def supervise(run_dir: str) -> int:
     exit_path = os.path.join(run_dir, "exit_code")
     with contextlib.suppress(OSError):  # only a liveness hint: never a reason to leave no exit_code
         write_atomic(os.path.join(run_dir, "supervisor.pid"), f"{os.getpid()}\n".encode())
+    if spec.get("wait"):  # a restart: the backoff, the previous attempt gone, its GPUs' memory released
+        waited = wait_before_start(spec["wait"], _say)
+        _say(f"restart: waited {waited['waited_s']:g} s; starting attempt "
+             f"{(spec.get('sentinel') or {}).get('attempt')}")
     try:
         proc = subprocess.Popen(spec["argv"], cwd=spec["cwd"], stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as e:
-        sys.stderr.write(f"[dflashctl] cannot start {spec['argv'][0]!r} in {spec['cwd']}: {e}\n")
-        sys.stderr.flush()
+        _say(f"cannot start {spec['argv'][0]!r} in {spec['cwd']}: {e}")
         write_atomic(exit_path, b"127\n")
         return 127
     write_atomic(os.path.join(run_dir, "pid"), f"{proc.pid}\n".encode())
+    sentinel = start_sentinel(run_dir, _say)
 
     def forward(signum: int, _frame: object) -> None:
         with contextlib.suppress(OSError):
@@ -316,12 +319,43 @@ def supervise(run_dir: str) -> int:
         signal.signal(sig, forward)
     rc = proc.wait()
     code = rc if rc >= 0 else 128 - rc
-    leftovers = _reap_group(proc.pid) + _reap_marked(os.environ.get(MARKER), os.environ.get(RUN_DIR_VAR) or run_dir)
+    spare = (sentinel.pid,) if sentinel else ()
+    leftovers = _reap_group(proc.pid) + _reap_marked(os.environ.get(MARKER), os.environ.get(RUN_DIR_VAR) or run_dir,
+                                                     spare)
     note = f"; stopped {leftovers} leftover process(es) of the run" if leftovers else ""
-    sys.stderr.write(f"[dflashctl] {spec.get('what') or 'trainer'} exited with code {code}{note}\n")
-    sys.stderr.flush()
+    _say(f"{spec.get('what') or 'trainer'} exited with code {code}{note}")
+    end_sentinel(sentinel, code, _say)
     write_atomic(exit_path, f"{code}\n".encode())
+    _maybe_restart(run_dir)
     return 0
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"[dflashctl] {line}\n")
+    sys.stderr.flush()
+
+
+def _maybe_restart(run_dir: str) -> None:
+    """The sentinel asked for another attempt (restart.json): start it in a new run directory, as a launch would,
+    and record it in this attempt's events. Never reused: this run directory is only read."""
+    path = os.path.join(run_dir, "restart.json")
+    try:
+        with open(path) as f:
+            decision = json.load(f)
+    except (OSError, ValueError):
+        return
+    run_id = os.path.basename(run_dir)
+    attempt, why = int(decision.get("attempt") or 2), str(decision.get("why") or "")
+    spec = next_spec(run_dir, run_id, decision)
+    if spec is None:
+        restart_event(run_dir, run_id, None, attempt, why, "this run kept no launch spec", decision.get("verdict"))
+        return
+    with open(os.path.join(run_dir, "launcher.py")) as f:
+        source = f.read()
+    sys.stdout.flush()
+    doc = start(spec, source, wait_pid=False)
+    restart_event(run_dir, run_id, doc.get("run_id"), attempt, why, doc.get("message") if "error" in doc else None,
+                  decision.get("verdict"))
 
 
 def _reap_group(pgid: int) -> int:
@@ -330,28 +364,19 @@ def _reap_group(pgid: int) -> int:
     return 0 if end_group(pgid, GROUP_GRACE_S) is None else 1
 
 
-def _reap_marked(run_id: str | None, run_dir: str) -> int:
+def _reap_marked(run_id: str | None, run_dir: str, spare: tuple = ()) -> int:
     """Processes of this run outside the leader's group (torchrun starts each worker in a session of its own;
     a program may setsid a helper): found by the run's marker AND its DFLASH_RUN_DIR (a run of the same id in
     another workspace is not ours), each re-checked (start time, marker) before every signal; SIGTERM, grace,
-    SIGKILL. Returns how many there were."""
+    SIGKILL. spare: the run's sentinel, which ends after it has seen the end. Returns how many there were."""
     if not run_id:
         return 0
-    me = os.getpid()
-    found = {}
-
-    def ours(pid: int) -> bool:
-        return proc_marker(pid) == run_id and proc_env_var(pid, RUN_DIR_VAR) == run_dir
-
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != me:
-            st = proc_stat(int(name))
-            if st is not None and st["state"] not in ("Z", "X") and ours(int(name)):
-                found[int(name)] = st["starttime"]
+    found = marked_processes(run_id, run_dir, exclude=(os.getpid(), *spare))
 
     def still(pid: int) -> bool:
         st = proc_stat(pid)
-        return st is not None and st["state"] not in ("Z", "X") and st["starttime"] == found[pid] and ours(pid)
+        return st is not None and st["state"] not in ("Z", "X") and st["starttime"] == found[pid] \
+            and proc_marker(pid) == run_id and proc_env_var(pid, RUN_DIR_VAR) == run_dir
 
     for sig, wait_s in ((signal.SIGTERM, GROUP_GRACE_S), (signal.SIGKILL, KILL_WAIT_S)):
         for pid in [p for p in found if still(p)]:

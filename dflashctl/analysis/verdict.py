@@ -26,7 +26,8 @@ class ProcessState:
 
     alive: bool | None = None
     exit_code: int | None = None
-    stopped: bool = False  # stopped by the user (`dflashctl stop`)
+    stopped: bool = False  # stopped by the user (`dflashctl stop`) or by the sentinel's failure policy
+    stopped_why: str | None = None  # the sentinel's policy: why it stopped the run (None: the user did)
     started_at: float | None = None
     ending: bool = False  # alive, but the trainer has exited: its supervisor is reaping the group (probe `ending`)
     job: str | None = None  # a run that is not training (eval, generate): what it does; it logs no training steps
@@ -37,7 +38,8 @@ def recorded_end(proc: ProcessState) -> tuple[Verdict, str] | None:
     so a run being stopped is already `stopped`), else its exit code once the process is gone; None while
     nothing is recorded."""
     if proc.stopped:
-        return Verdict.STOPPED, "stopped by the user"
+        return Verdict.STOPPED, (f"stopped by the failure policy: {proc.stopped_why}" if proc.stopped_why
+                                 else "stopped by the user")
     if proc.alive is False and proc.exit_code == 0:
         return Verdict.FINISHED, "exited 0"
     if proc.alive is False and proc.exit_code is not None:

@@ -42,6 +42,8 @@ class StatusView:
     settling: bool = False  # watching: the trainer is gone and its exit code not written yet (not final)
     log_offset: int | None = None  # where the next read of the log starts
     log_bytes_scanned: int = 0  # bytes the scanner has read so far (each byte once, unless rotated)
+    events: list[dict[str, Any]] = field(default_factory=list)  # the sentinel's timeline (events.jsonl records)
+    restart_pending: bool = False  # ended, and its sentinel asked for another attempt (restart.json)
 
     @property
     def run_id(self) -> str | None:
@@ -66,6 +68,9 @@ class StatusView:
             "gpu_error": self.gpu_error,
             "reconnecting": self.reconnecting,
             "settling": self.settling,
+            "events": self.events,
+            "restart": None if self.run is None else self.run.restart,
+            "restart_pending": self.restart_pending,
         }
         rec.update(to_record(self.health))
         rec["gpus"] = [dict(g, history=h.history) for g, h in zip(rec["gpus"], self.health.gpus, strict=True)]
@@ -84,6 +89,13 @@ def _started_at(run: RunRecord) -> float | None:
     meta = run.meta or {}
     v = meta.get("started_at_epoch")
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def stopped_why(run: RunRecord) -> str | None:
+    """Why the sentinel's failure policy stopped the run (its `stopped` marker), None when the user did."""
+    by = run.stopped_by or {}
+    return str(by.get("detail") or by.get("reason") or "the run broke its limit") if by.get("by") == "sentinel" \
+        else None
 
 
 def gpu_sweep(doc: ProbeReport) -> tuple[GpuSweep | None, str | None]:
@@ -153,6 +165,7 @@ class Watcher:
         process = ProcessState()
         if run:
             process = ProcessState(alive=run.alive, exit_code=run.exit_code, stopped=run.stopped,
+                                   stopped_why=stopped_why(run),
                                    started_at=_started_at(run), ending=run.ending, job=_job(run))
         ev = Evidence(now=now, process=process, log=report, sweeps=list(self.sweeps),
                       errors=run.errors if run else {}, heartbeat=hb,
@@ -167,6 +180,7 @@ class Watcher:
             seconds_since_log=(now - self.last_log_at) if now is not None and self.last_log_at is not None else None,
             log_path=log.path if log else None, log_lines_from_start=self.from_start, gpu_error=gpu_error,
             log_offset=self.next_offset, log_bytes_scanned=self.scanner.bytes_scanned, settling=settling,
+            restart_pending=bool(run and run.restart) and health.verdict.is_terminal,
         )
         self.last = view
         return view

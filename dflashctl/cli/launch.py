@@ -22,11 +22,23 @@ from dflashctl.remote import Target
 
 if TYPE_CHECKING:  # each verb imports its command module itself: `status` should not pay for `launch`
     from dflashctl.commands import launch as launch_cmd
+    from dflashctl.commands.sentinel import WatchOptions
 
 SourceOpt = typer.Option(None, "--source", metavar="DIR",
                          help="code to deploy when the container's is stale: any directory (default: the host's "
                               "code_source, else the trainer installed with dflashctl)")
 KillZombiesOpt = typer.Option(False, "--kill-zombies", help="end processes of earlier runs first")
+_W = "Sentinel"  # the help panel of the run-sentinel options
+
+
+def _watch_opts(sentinel: bool | None, notify: list[str] | None, notify_on: str | None, on_worker_failure: str | None,
+                idle_limit: str | None, stall_limit: str | None, restart_on: str | None, max_restarts: int | None,
+                backoff: str | None) -> WatchOptions:
+    from dflashctl.commands.sentinel import WatchOptions
+
+    return WatchOptions(enabled=sentinel, notify=notify, notify_on=notify_on, on_worker_failure=on_worker_failure,
+                        idle_limit=idle_limit, stall_limit=stall_limit, restart_on=restart_on,
+                        max_restarts=max_restarts, backoff=backoff)
 
 
 def _say(json_out: bool) -> Callable[[str], None]:
@@ -60,11 +72,41 @@ def launch(
                                          help="give up waiting after S seconds (exit 101; the run keeps going)"),
     follow: bool = typer.Option(False, "--follow", "-f", help="stream the log until the run ends (Ctrl-C detaches)"),
     source: Path | None = SourceOpt,
+    sentinel: bool | None = typer.Option(None, "--sentinel/--no-sentinel", rich_help_panel=_W,
+                                         help="watch the run from inside the container (default: on, or the "
+                                              "host's `sentinel`)"),
+    notify: list[str] | None = typer.Option(None, "--notify", metavar="TARGET", rich_help_panel=_W,
+                                            help="send events to webhook:URL, slack:URL, ntfy:URL or command:CMD "
+                                                 "(a bare URL is a JSON webhook; repeatable; `none`: not the "
+                                                 "host's targets either)"),
+    notify_on: str | None = typer.Option(None, "--notify-on", metavar="KINDS", rich_help_panel=_W,
+                                         help="event kinds to notify: all, default, or a list such as "
+                                              "default,first-step,-ended"),
+    on_worker_failure: str | None = typer.Option(None, "--on-worker-failure", metavar="stop|keep",
+                                                 rich_help_panel=_W,
+                                                 help="when a worker thread or rank dies: stop the run (frees its "
+                                                      "GPUs) or keep it going (reported)"),
+    idle_limit: str | None = typer.Option(None, "--idle-limit", metavar="UTIL%@TIME", rich_help_panel=_W,
+                                          help="stop the run when its GPUs hold memory below UTIL% for TIME "
+                                               "(e.g. 5%@30m)"),
+    stall_limit: str | None = typer.Option(None, "--stall-limit", metavar="TIME", rich_help_panel=_W,
+                                           help="stop the run when no new step comes for TIME after the first "
+                                                "(e.g. 20m)"),
+    restart_on: str | None = typer.Option(None, "--restart-on", metavar="crashed,stalled", rich_help_panel=_W,
+                                          help="start a new attempt (new run dir, resumed from the newest "
+                                               "checkpoint) when one ends this way"),
+    max_restarts: int | None = typer.Option(None, "--max-restarts", metavar="N", rich_help_panel=_W,
+                                            help="at most N restarts (default 1 with --restart-on)"),
+    backoff: str | None = typer.Option(None, "--backoff", metavar="TIME", rich_help_panel=_W,
+                                       help="wait TIME before each restart (default 10s)"),
     host: str | None = HostOpt,
     hosts: Path | None = HostsOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Start a run detached in the container, with its own run directory: the bundled trainer, or any command."""
+    """Start a run detached in the container, with its own run directory: the bundled trainer, or any command.
+
+    Each run gets a sentinel inside the container: it writes <run>/events.jsonl and, with --notify, tells you about
+    a crashed worker, a stall or the end while your laptop is closed."""
     if wait_for not in ("started", "step", "exit"):
         raise ConfigError(f"--wait-for must be started, step or exit (got {wait_for!r})")
     from dflashctl.commands import launch as launch_cmd
@@ -74,7 +116,9 @@ def launch(
                                     extra=[] if exec_ else words, command=words if exec_ else None, shell=shell,
                                     env=launch_cmd.parse_env(list(env or [])), host_command=True,
                                     source=source, resume_from=resume_from,
-                                    confirm=wait_for == "started" and not follow)
+                                    confirm=wait_for == "started" and not follow,
+                                    watch=_watch_opts(sentinel, notify, notify_on, on_worker_failure, idle_limit,
+                                                      stall_limit, restart_on, max_restarts, backoff))
     with open_target(hosts, host) as target:
         with _launch_errors(target, json_out):
             res = launch_cmd.launch(target, opts, say=_say(json_out))

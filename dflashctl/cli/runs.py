@@ -40,13 +40,15 @@ def runs(host: str | None = HostOpt, hosts: Path | None = HostsOpt, json_out: bo
         out(f"no runs in {lst.workspace}/runs on {lst.host}")
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("", "RUN", "VERDICT", "PID", "STARTED", "DURATION", "STEP", "EXIT"):
+    chained = any(r.attempt is not None for r in lst.runs)
+    for col in ("", "RUN", "VERDICT", "PID", "STARTED", "DURATION", "STEP", "EXIT", *(["ATTEMPT"] if chained else [])):
         table.add_column(col, no_wrap=True)
     for r in lst.runs:
         started = (r.meta or {}).get("started_at") or "-"
-        table.add_row("*" if r.id == lst.latest else "", r.id, str(r.verdict(lst.now)), str(r.pid or "-"),
+        table.add_row("*" if r.id == lst.latest else "", ("↳ " if (r.attempt or 1) > 1 else "") + r.id,
+                      str(r.verdict(lst.now)), str(r.pid or "-"),
                       str(started), age(r.duration_s(lst.now)), "-" if r.last_step is None else str(r.last_step),
-                      "-" if r.exit_code is None else str(r.exit_code))
+                      "-" if r.exit_code is None else str(r.exit_code), *([r.attempt_label] if chained else []))
     show(table)
     out("* = runs/latest")
 
@@ -58,6 +60,7 @@ def logs(
     lines: int = typer.Option(50, "--lines", "-n", metavar="N", help="lines from the end to print first"),
     errors: bool = typer.Option(False, "--errors",
                                 help="only whole tracebacks of crashed threads and ranks + final exception"),
+    events: bool = typer.Option(False, "--events", help="the run's event timeline (its sentinel's events.jsonl)"),
     host: str | None = HostOpt,
     hosts: Path | None = HostsOpt,
     json_out: bool = JsonOpt,
@@ -70,6 +73,15 @@ def logs(
     with open_target(hosts, host) as target:
         if errors:
             _print_errors(logs_cmd.errors(target, run), json_out)
+            return
+        if events:
+            tl = logs_cmd.events(target, run)
+            if json_out:
+                print_json(tl.to_record())
+            else:
+                from dflashctl.cli.timeline import render_events
+
+                show(render_events(tl.events))
             return
         if follow:
             raise Exit(follow_log(target, run, lines=lines))

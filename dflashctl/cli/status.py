@@ -18,7 +18,7 @@ from rich.text import Text
 from dflashctl.analysis.health import Health
 from dflashctl.analysis.records import to_record
 from dflashctl.cli.app import app
-from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, age, console, print_json
+from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, age, console, err, print_json
 from dflashctl.commands import status as status_cmd
 from dflashctl.errors import ConfigError
 from dflashctl.model import GpuFinding, Verdict
@@ -126,7 +126,8 @@ def render(title: str, health: Health, *, extra: list[str] = (), history: bool =
     return Group(*parts)
 
 
-def render_view(v: status_cmd.StatusView, *, history: bool = False) -> RenderableType:
+def render_view(v: status_cmd.StatusView, *, history: bool = False, events: int | None = 5) -> RenderableType:
+    """events: how many of the sentinel's latest events to show (0: none, None: all)."""
     extra = []
     if v.run:
         extra.append(f"pid {v.run.pid or '-'}")
@@ -140,8 +141,15 @@ def render_view(v: status_cmd.StatusView, *, history: bool = False) -> Renderabl
         notes.append("the trainer is gone; waiting for the exit code its supervisor writes…")
     code = v.run.exit_code if v.run else None
     ended = f"exited {code}" if v.health.verdict.is_terminal and code is not None else None
-    return render(f"{v.host} · run {v.run_id or '-'}", v.health, extra=extra, history=history, notes=notes,
+    if v.restart_pending:
+        notes.append(f"restarting: {(v.run.restart or {}).get('why') if v.run else ''}")
+    view = render(f"{v.host} · run {v.run_id or '-'}", v.health, extra=extra, history=history, notes=notes,
                   ended=ended, gpu_note=gpu_note(v.gpu_error, has_gpus=bool(v.health.gpus)))
+    if events == 0 or not (v.events or events is None):
+        return view
+    from dflashctl.cli.timeline import render_events
+
+    return Group(view, render_events(v.events, limit=events))
 
 
 def gpu_note(error: str | None, *, has_gpus: bool) -> str | None:
@@ -184,6 +192,10 @@ def status(
                                          help="with --watch: exit with the verdict's code once the run "
                                               "crashes, loses a thread or stalls"),
     all_hosts: bool = typer.Option(False, "--all", help="every host of the inventory, one line each"),
+    events: bool = typer.Option(False, "--events", help="the run's whole event timeline (its sentinel's "
+                                                        "events.jsonl), not only the last few"),
+    notify_desktop: bool = typer.Option(False, "--notify-desktop",
+                                        help="with --watch: a desktop notification when the run fails or ends"),
 ) -> None:
     """The run's verdict, threads, GPUs and known failures (exit code = the verdict's code)."""
     if all_hosts:
@@ -192,6 +204,8 @@ def status(
         _status_all(hosts, json_)
     if exit_on_failure and not watch:
         raise ConfigError("--exit-on-failure needs --watch", hint="one-shot status already exits with the verdict")
+    if notify_desktop and not watch:
+        raise ConfigError("--notify-desktop needs --watch", hint="dflashctl status --watch --notify-desktop")
     inv = _load_hosts(hosts)
     h = inv.get(host)
     from dflashctl.remote import connect
@@ -202,12 +216,33 @@ def status(
         if json_:
             print_json(v.to_record())
         else:
-            _print(render_view(v))
+            _print(render_view(v, events=None if events else 5))
         raise Exit(v.exit_code)
-    _watch(lambda: connect(h), run, interval, json_, exit_on_failure)
+    _watch(lambda: connect(h), run, interval, json_, exit_on_failure, None if events else 5,
+           _Desktop() if notify_desktop else None)
 
 
-def _watch(connect, run: str | None, interval: float, json_: bool, exit_on_failure: bool) -> None:
+class _Desktop:
+    """`--notify-desktop`: one notification each time the verdict becomes a failure or an end."""
+
+    def __init__(self) -> None:
+        self.last: Verdict | None = None
+
+    def see(self, v: status_cmd.StatusView) -> None:
+        verdict = v.health.verdict
+        if v.reconnecting or v.settling or verdict == self.last:
+            return
+        first, self.last = self.last is None, verdict
+        if (verdict.is_failure or verdict.is_terminal) and not (first and verdict.is_terminal):
+            from dflashctl.cli.timeline import desktop_notify
+
+            why = desktop_notify(f"dflashctl: {v.host} run {v.run_id} {verdict}", "; ".join(v.health.reasons[:2]))
+            if why:
+                err(f"[dim]{escape(why)}[/]")
+
+
+def _watch(connect, run: str | None, interval: float, json_: bool, exit_on_failure: bool,  # noqa: ANN001
+           events: int | None = 5, desktop: _Desktop | None = None) -> None:
     from rich.live import Live
 
     views = status_cmd.watch(connect, run, interval=interval)
@@ -218,6 +253,8 @@ def _watch(connect, run: str | None, interval: float, json_: bool, exit_on_failu
             for v in views:
                 print_json(v.to_record())
                 last = v
+                if desktop:
+                    desktop.see(v)
                 if _done(v, exit_on_failure):
                     break
         else:
@@ -225,8 +262,10 @@ def _watch(connect, run: str | None, interval: float, json_: bool, exit_on_failu
                 console.width = 160  # see _print: the final view is printed once, unwrapped
             with Live(console=console, auto_refresh=False, transient=False) as live:
                 for v in views:
-                    live.update(render_view(v, history=True), refresh=True)
+                    live.update(render_view(v, history=True, events=events), refresh=True)
                     last = v
+                    if desktop:
+                        desktop.see(v)
                     if _done(v, exit_on_failure):
                         break
     except KeyboardInterrupt:
@@ -238,7 +277,7 @@ def _watch(connect, run: str | None, interval: float, json_: bool, exit_on_failu
 
 
 def _done(v: status_cmd.StatusView, exit_on_failure: bool) -> bool:
-    if v.reconnecting or v.settling:
+    if v.reconnecting or v.settling or v.restart_pending:  # a restart pending: the watch follows the next attempt
         return False
     if exit_on_failure and status_cmd.is_failure(v):
         return True

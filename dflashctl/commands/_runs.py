@@ -12,6 +12,7 @@ from typing import Any
 
 from dflashctl.analysis.progress import custom
 from dflashctl.analysis.verdict import JOB_KINDS, ProcessState, process_verdict
+from dflashctl.analysis.watcher import stopped_why
 from dflashctl.model import Host, Verdict
 from dflashctl.report import RunRecord
 
@@ -47,7 +48,8 @@ class RunInfo(RunRecord):
     def process(self) -> ProcessState:
         """The run's process as the verdict rules read it (the same record `status` judges)."""
         return ProcessState(alive=self.alive, exit_code=self.exit_code, stopped=self.stopped,
-                            started_at=self.started_at, ending=self.ending, job=self.kind if self.is_job else None)
+                            stopped_why=stopped_why(self), started_at=self.started_at, ending=self.ending,
+                            job=self.kind if self.is_job else None)
 
     def verdict(self, now: float | None = None) -> Verdict:
         """From process state alone: the one rule of analysis/verdict.py."""
@@ -68,7 +70,22 @@ class RunInfo(RunRecord):
             "verdict": str(self.verdict(now)),
             "started_at": meta.get("started_at"), "last_step": self.last_step, "log_path": self.log_path,
             "duration_s": None if now is None else self.duration_s(now),
+            "attempt": self.attempt, "restart_of": meta.get("restart_of"), "chain": meta.get("chain"),
         }
+
+    @property
+    def attempt(self) -> int | None:
+        """Which attempt of a launch with --restart-on this run is (None: a launch without restarts)."""
+        chain = (self.meta or {}).get("chain")
+        return int(chain["attempt"]) if isinstance(chain, dict) and isinstance(chain.get("attempt"), int) else None
+
+    @property
+    def attempt_label(self) -> str:
+        chain = (self.meta or {}).get("chain")
+        if not isinstance(chain, dict) or self.attempt is None:
+            return "-"
+        prev = chain.get("previous")
+        return f"{self.attempt}/{chain.get('attempts_max') or '?'}" + (f" after {prev}" if prev else "")
 
 
 def host_progress(host: Host) -> re.Pattern[str] | None:

@@ -15,6 +15,7 @@ and the report of one that died early are in waiting.py. Both are re-exported, s
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,10 +42,11 @@ from dflashctl.commands.program import (
     run_slug,
 )
 from dflashctl.commands.runs import get_run, list_runs
+from dflashctl.commands.sentinel import sentinel_spec
 from dflashctl.commands.waiting import LaunchFailed, LogKeeper, WaitFor, WaitResult, failure, log_excerpt, wait
 from dflashctl.errors import ConfigError, DflashError, ExitCode, NotFound
 from dflashctl.model import Host
-from dflashctl.remote import probe, scripts
+from dflashctl.remote import bundle, probe, scripts
 from dflashctl.remote.target import Target
 from dflashctl.report import ProbeReport
 
@@ -102,6 +104,7 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
     """Preflight, start, confirm. `say` receives progress notes (deployed, zombies cleaned)."""
     host = target.host
     command = program_argv(opts, host)  # None: the bundled trainer
+    watch = sentinel_spec(host, opts.watch)  # every flag checked before the container is contacted
     target.ensure_running()
     source_run = ended_run(target, opts.resume_from, "resume from it") if opts.resume_from is not None else None
     if command is None:
@@ -145,6 +148,9 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
         "command": opts.shell is None and command or None,
         "shell": opts.shell,
         "env": {"PYTHONUNBUFFERED": "1", **opts.env},
+        "slug": slug,
+        "sentinel": watch.to_dict() if watch else None,
+        "sentinel_zip_b64": base64.b64encode(bundle.sentinel_zip()).decode() if watch else None,
         "meta": {
             "name": name,
             "host": host.name,
@@ -155,6 +161,7 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
             "gpus": {"target": list(host.gpus_target), "drafters": list(host.gpus_drafters)},
             "launched_by": "dflashctl",
             "kind": "train" if command is None else "exec",
+            "sentinel": {"sha256": bundle.sentinel_sha256()} if watch else None,
             "env": sorted(opts.env),  # the names given with --env (their values are in launch.json)
             **({} if opts.shell is None else {"shell": opts.shell}),
             **opts.meta,
@@ -169,6 +176,9 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
     if res.get("error") == "code-missing":
         raise ConfigError(f"{res['message']} on {host.name}: --exec runs in <workspace>/code",
                           hint="deploy your code first (dflashctl deploy --source DIR), or pass --source DIR")
+    if res.get("error") == "notify-unreachable":
+        raise ConfigError(res["message"], hint="check the URL, or whether the container can reach it "
+                                               "(a proxy? a firewall?); --notify none launches without it")
     if res.get("error") == "no-checkpoint":
         raise ConfigError(res["message"], hint="it saved none (train.checkpoint_interval, or it never reached one); "
                                                "launch a fresh run instead")
@@ -296,8 +306,8 @@ def confirm(target: Target, run_id: str, within_s: float | None = None) -> RunIn
             assert doc.run is not None  # the stream is for one named run: the probe reports it
             info = run_from_probe(doc.run)
             log.add(doc.log_data)
-            if not info.alive and info.exit_code == 0:
-                return info
+            if not info.alive and (info.exit_code == 0 or (info.exit_code is not None and info.restart)):
+                return info  # finished, or ended with its sentinel's restart pending: the launch started a chain
             if not info.alive and info.exit_code is not None:
                 break
             if info.pid is not None and end.see(info.process, doc.time or time.time()) == "ended":

@@ -32,6 +32,24 @@ class LogTail:
         return {"run": self.run.id, "path": self.run.log_path, "text": self.text, "truncated": self.truncated}
 
 
+@dataclass
+class Timeline:
+    run: RunInfo
+    events: list[dict[str, Any]]
+
+    def to_record(self) -> dict[str, Any]:
+        """`logs --events --json`."""
+        return {"run": self.run.id, "path": f"{self.run.dir}/events.jsonl", "events": self.events}
+
+
+def events(target: Target, run: str | None) -> Timeline:
+    """The run's sentinel's events (events.jsonl), read with sentinel/events.py."""
+    from dflashctl.sentinel.events import read_events
+
+    info, doc = get_run(target, run, events=True)
+    return Timeline(info, [e.to_record() for e in read_events(doc.events_data or b"")])
+
+
 def tail(target: Target, run: str | None, lines: int = 50) -> LogTail:
     want = max(64 << 10, lines * TAIL_BYTES_PER_LINE)
     info, doc = get_run(target, run, log_max=want)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflashctl.agent.lib.procfs import MARKER, RUN_DIR_VAR
+from dflashctl.commands.sentinel import WatchOptions
 from dflashctl.errors import ConfigError
 from dflashctl.model import Host
 
@@ -39,6 +40,7 @@ class LaunchOptions:
     shell: str | None = None  # --shell: `bash -c SHELL` (`sh -c` where there is no bash) instead
     env: dict[str, str] = field(default_factory=dict)  # --env: more variables for the program (parse_env)
     host_command: bool = False  # neither given: the host's `command` (hosts.toml) with `extra` appended, if it has one
+    watch: WatchOptions = field(default_factory=WatchOptions)  # the run's sentinel: notify, failure policy, restarts
 
 
 

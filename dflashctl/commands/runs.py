@@ -36,9 +36,9 @@ def list_runs(target: Target) -> RunList:
 
 
 def get_run(target: Target, run: str | None, *, log_offset: int | None = None, log_max: int = 0,
-            gpus: bool = False) -> tuple[RunInfo, ProbeReport]:
+            gpus: bool = False, events: bool = False) -> tuple[RunInfo, ProbeReport]:
     """One run (None or "latest": the newest) with the probe's report; NotFound (102) if absent."""
     doc = probe.probe_once(target, target.host.workspace, run or "latest", log_offset=log_offset, log_max=log_max,
-                           gpus=gpus)
+                           gpus=gpus, events=events)
     assert doc.run is not None  # probe_once raised NotFound otherwise
     return run_from_probe(doc.run), doc

@@ -18,10 +18,13 @@ from dflashctl.analysis.health import Thresholds
 from dflashctl.analysis.logscan import LogScanner
 from dflashctl.analysis.watcher import StatusView, Watcher
 from dflashctl.commands._runs import host_progress
+from dflashctl.commands.waiting import next_attempt
 from dflashctl.errors import ConnectFailed, DflashError, NotFound, RemoteTimeout
 from dflashctl.model import Host
 from dflashctl.remote import probe
 from dflashctl.remote.target import Target
+from dflashctl.report import ProbeReport
+from dflashctl.sentinel.events import read_events
 
 __all__ = ["HostLine", "StatusView", "Watcher", "all_exit_code", "all_record", "is_failure", "status_all",
            "status_once", "watch"]
@@ -38,17 +41,28 @@ def _no_run(host: Host, run: str | None) -> NotFound:
 def status_once(target: Target, run: str | None = None, *, thresholds: Thresholds = Thresholds(),
                 log_max: int = probe.DEFAULT_LOG_MAX) -> StatusView:
     """One probe round trip: the log's tail, GPUs, process state → a judged view."""
-    doc = probe.probe_once(target, target.host.workspace, run or "latest", log_max=log_max, require_run=False)
+    doc = probe.probe_once(target, target.host.workspace, run or "latest", log_max=log_max, require_run=False,
+                           events=True)
     if doc.run is None:
         raise _no_run(target.host, run)
-    return Watcher(target.host.name, thresholds, scanner=LogScanner(host_progress(target.host))).update(doc)
+    watcher = Watcher(target.host.name, thresholds, scanner=LogScanner(host_progress(target.host)))
+    return with_events(watcher.update(doc), doc)
+
+
+def with_events(view: StatusView, doc: ProbeReport) -> StatusView:
+    """The view with the sentinel's timeline from the same report (events.jsonl, read with sentinel/events.py)."""
+    if doc.events_data is not None:
+        view.events = [e.to_record() for e in read_events(doc.events_data)]
+    return view
 
 
 def watch(connect: Callable[[], Target], run: str | None = None, *, interval: float = 1.0,
           thresholds: Thresholds = Thresholds(), log_max: int = probe.DEFAULT_LOG_MAX,
           sleep: Callable[[float], None] = time.sleep) -> Iterator[StatusView]:
     """Views from one streaming probe, forever (the caller stops). A dropped connection yields the
-    last view marked "reconnecting", then reconnects with backoff and resumes at the last log offset."""
+    last view marked "reconnecting", then reconnects with backoff and resumes at the last log offset.
+    An attempt that ended with a restart pending (its sentinel asked for one) is followed by the next attempt:
+    the watch moves to the run `latest` names once it is another."""
     target = connect()
     w: Watcher | None = None
     failures = 0
@@ -57,16 +71,25 @@ def watch(connect: Callable[[], Target], run: str | None = None, *, interval: fl
             try:
                 if w is None:  # first look: the log's tail, then follow from its end
                     doc = probe.probe_once(target, target.host.workspace, run or "latest", log_max=log_max,
-                                           require_run=False)
+                                           require_run=False, events=True)
                     if doc.run is None:
                         raise _no_run(target.host, run)
                     w = Watcher(target.host.name, thresholds, live=True, scanner=LogScanner(host_progress(target.host)))
-                    yield w.update(doc)
+                    yield with_events(w.update(doc), doc)
                 for doc in probe.probe_stream(target, target.host.workspace, w.run_id, w.next_offset, interval,
-                                              log_max=log_max, log_inode=w.inode):
+                                              log_max=log_max, log_inode=w.inode, events=True):
                     failures = 0
-                    yield w.update(doc)
-                raise ConnectFailed(f"host {target.host.name}: the watch probe ended")
+                    view = with_events(w.update(doc), doc)
+                    if view.restart_pending:
+                        nxt = next_attempt(target, view.run)
+                        if nxt is not None:
+                            yield view
+                            run, w = nxt, None
+                            break
+                        view.restart_pending = False  # it never came: this is the end
+                    yield view
+                else:
+                    raise ConnectFailed(f"host {target.host.name}: the watch probe ended")
             except DflashError as e:
                 if w is None or not isinstance(e, ConnectFailed | RemoteTimeout):
                     raise  # nothing to resume, or not a connection problem (a missing run, bad auth)

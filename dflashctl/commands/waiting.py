@@ -18,6 +18,7 @@ from dflashctl.commands._runs import RunInfo, run_from_probe
 from dflashctl.errors import DflashError, ExitCode
 from dflashctl.remote import probe
 from dflashctl.remote.target import Target
+from dflashctl.report import RunRecord
 
 WaitFor = Literal["started", "step", "exit"]
 HEAD_LINES = 20
@@ -143,6 +144,21 @@ class WaitResult:
         return rec
 
 
+NEXT_ATTEMPT_WAIT_S = 30.0  # the supervisor starts the next attempt right after it records the exit code
+
+
+def next_attempt(target: Target, run: RunRecord) -> str | None:
+    """The id of the attempt that follows `run` (its sentinel asked for one), once `latest` names it; None if none
+    comes within NEXT_ATTEMPT_WAIT_S."""
+    deadline = time.monotonic() + NEXT_ATTEMPT_WAIT_S
+    while time.monotonic() < deadline:
+        doc = probe.probe_once(target, target.host.workspace, "latest", gpus=False, log_max=0, require_run=False)
+        if doc.run is not None and doc.run.id != run.id and (doc.run.meta or {}).get("restart_of") == run.id:
+            return doc.run.id
+        time.sleep(0.25)
+    return None
+
+
 def wait(target: Target, run_id: str, what: WaitFor, timeout_s: float | None,
          on_log: Callable[[bytes], None] | None = None) -> WaitResult:
     """Block until the run has started / printed its first step / ended, or it died, or timeout. The log is
@@ -160,29 +176,37 @@ def wait(target: Target, run_id: str, what: WaitFor, timeout_s: float | None,
         return WaitResult(reached, info, first_step, time.monotonic() - start, log, what)
 
     try:
-        for doc in stream:
-            assert doc.run is not None  # the stream is for one named run: the probe reports it
-            info = run_from_probe(doc.run)
-            data = doc.log_data
-            if on_log and data:
-                on_log(data)
-            log.add(data)
-            if first_step is None:  # one scan per line until the first training step, then no more
-                pending += data
-                lines = pending.split(b"\n")
-                pending = lines.pop()[-(1 << 20):]
-                first_step = next((t.strip() for t in (raw.decode("utf-8", "replace") for raw in lines)
-                                   if is_training_step(t)), None)
-                if first_step is not None and what == "step":
+        while True:
+            for doc in stream:
+                assert doc.run is not None  # the stream is for one named run: the probe reports it
+                info = run_from_probe(doc.run)
+                data = doc.log_data
+                if on_log and data:
+                    on_log(data)
+                log.add(data)
+                if first_step is None:  # one scan per line until the first training step, then no more
+                    pending += data
+                    lines = pending.split(b"\n")
+                    pending = lines.pop()[-(1 << 20):]
+                    first_step = next((t.strip() for t in (raw.decode("utf-8", "replace") for raw in lines)
+                                       if is_training_step(t)), None)
+                    if first_step is not None and what == "step":
+                        return result(True)
+                drained = doc.log_drained
+                ended = info.pid is not None and end.see(info.process, doc.time or time.time()) == "ended"
+                if what == "started" and info.alive and not info.ending:
                     return result(True)
-            drained = doc.log_drained
-            ended = info.pid is not None and end.see(info.process, doc.time or time.time()) == "ended"
-            if what == "started" and info.alive and not info.ending:
-                return result(True)
-            if ended and drained:
-                return result(what == "exit")
-            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                if ended and drained:
+                    break
+                if timeout_s is not None and time.monotonic() - start > timeout_s:
+                    return result(False)
+            else:
                 return result(False)
+            nxt = next_attempt(target, info) if info.restart else None
+            if nxt is None:
+                return result(what == "exit")
+            stream.close()  # the chain goes on: wait on the next attempt (--restart-on)
+            end, pending = EndWatch(), b""
+            stream = probe.probe_stream(target, target.host.workspace, nxt, 0, 0.5, gpus=False)
     finally:
         stream.close()
-    return result(False)

@@ -7,14 +7,16 @@ framed reply line (agent/lib/frame.py); anything else on stdout (login banners, 
 by the one parser, scripts.parse_reply.
 
 Arguments: --workspace W [--run RUN|latest] [--log-offset N] [--log-inode I] [--log-max BYTES]
-[--gpus] [--procs [--pid P ...]] [--runs] [--host-gpu-procs CTID] [--watch --interval S].
+[--gpus] [--events] [--procs [--pid P ...]] [--runs] [--host-gpu-procs CTID] [--watch --interval S].
 Fields (the contract with `status`): probe_version, time, hostname, run, log, gpus, procs; and,
 added for the lifecycle verbs: run_requested (what --run asked for), disk {path, free_mib,
 total_mib}, run.ended_at (mtime of exit_code), run.ending and run.supervisor_pid (run.alive stays
 true after the trainer exits while its supervisor or a marked process of its group lives, until
 exit_code exists; ending says the trainer itself is gone), procs[].starttime (clock ticks, for pid reuse),
 run_ids (with --procs: this workspace's run directories), runs (with --runs: every run's state
-plus log_size and log_tail_b64, its last bytes), host_gpu_procs (with --host-gpu-procs, run on the Proxmox host:
+plus log_size and log_tail_b64, its last bytes), events_b64 (with --events: the run's events.jsonl, its
+last 64 KiB), run.restart (restart.json: the sentinel asked for another attempt), run.stopped_by (the
+`stopped` marker), host_gpu_procs (with --host-gpu-procs, run on the Proxmox host:
 {csv, procs: [{pid, ns_pid, used_memory_mib, gpu_uuid, in_container}], error}).
 log.mtime is train.log's modification time (when it last grew).
 The log: with --log-offset the bytes from there (at most --log-max); without, the last --log-max
@@ -74,7 +76,7 @@ def decode_log(doc: dict) -> bytes:
 
 def probe_args(workspace: str | None, run: str | None = None, log_offset: int | None = None, *,
                procs: bool = False, gpus: bool = True, runs: bool = False, log_max: int = DEFAULT_LOG_MAX,
-               log_inode: int | None = None, pids: tuple[int, ...] = ()) -> list[str]:
+               log_inode: int | None = None, pids: tuple[int, ...] = (), events: bool = False) -> list[str]:
     args: list[str] = []
     for pid in pids:
         args += ["--pid", str(int(pid))]
@@ -87,7 +89,7 @@ def probe_args(workspace: str | None, run: str | None = None, log_offset: int | 
     if log_inode is not None:
         args += ["--log-inode", str(int(log_inode))]
     args += ["--log-max", str(int(log_max))]
-    for flag, on in (("--procs", procs), ("--gpus", gpus), ("--runs", runs)):
+    for flag, on in (("--procs", procs), ("--gpus", gpus), ("--runs", runs), ("--events", events)):
         if on:
             args.append(flag)
     return args
@@ -96,20 +98,21 @@ def probe_args(workspace: str | None, run: str | None = None, log_offset: int | 
 def probe_once(target: Target, workspace: str, run: str | None = None, log_offset: int | None = None,
                procs: bool = False, gpus: bool = True, *, runs: bool = False, log_max: int = DEFAULT_LOG_MAX,
                log_inode: int | None = None, pids: tuple[int, ...] = (), require_run: bool = True,
-               timeout: float | None = 60) -> ProbeReport:
+               timeout: float | None = 60, events: bool = False) -> ProbeReport:
     """One report. Raises NotFound when `run` was asked for, does not exist and require_run is set.
     pids: processes to report with --procs even when nothing marks them as interesting."""
     return parse_report(probe_doc(target, workspace, run, log_offset, procs, gpus, runs=runs, log_max=log_max,
-                                  log_inode=log_inode, pids=pids, require_run=require_run, timeout=timeout))
+                                  log_inode=log_inode, pids=pids, require_run=require_run, timeout=timeout,
+                                  events=events))
 
 
 def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset: int | None = None,
               procs: bool = False, gpus: bool = True, *, runs: bool = False, log_max: int = DEFAULT_LOG_MAX,
               log_inode: int | None = None, pids: tuple[int, ...] = (), require_run: bool = True,
-              timeout: float | None = 60) -> dict:
+              timeout: float | None = 60, events: bool = False) -> dict:
     """probe_once's reply as the raw dict the probe sent (its version checked): for tests of the probe itself."""
     args = probe_args(workspace, run, log_offset, procs=procs, gpus=gpus, runs=runs, log_max=log_max,
-                      log_inode=log_inode, pids=pids)
+                      log_inode=log_inode, pids=pids, events=events)
     res = target.python(build_script(), *args, timeout=timeout)
     docs = parse_frames(res.stdout)
     if not docs:
@@ -123,10 +126,10 @@ def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset
 
 def probe_stream(target: Target, workspace: str, run: str | None, log_offset: int | None, interval: float,
                  *, procs: bool = False, gpus: bool = True, log_max: int = DEFAULT_LOG_MAX,
-                 log_inode: int | None = None) -> Iterator[ProbeReport]:
+                 log_inode: int | None = None, events: bool = False) -> Iterator[ProbeReport]:
     """stream_docs, each report typed. Close the iterator to stop the probe."""
     docs = stream_docs(target, workspace, run, log_offset, interval, procs=procs, gpus=gpus, log_max=log_max,
-                       log_inode=log_inode)
+                       log_inode=log_inode, events=events)
     try:
         for doc in docs:
             yield parse_report(doc)
@@ -136,12 +139,13 @@ def probe_stream(target: Target, workspace: str, run: str | None, log_offset: in
 
 def stream_docs(target: Target, workspace: str, run: str | None, log_offset: int | None, interval: float,
                 *, procs: bool = False, gpus: bool = True, log_max: int = DEFAULT_LOG_MAX,
-                log_inode: int | None = None) -> Generator[dict, None, None]:
+                log_inode: int | None = None, events: bool = False) -> Generator[dict, None, None]:
     """One report per interval from a single long-running probe (no per-poll `pct exec` cost); each
     carries only the log bytes new since the previous one. Close the iterator to stop the probe.
     log_inode: the inode the offset belongs to, so a log rotated between reconnects (a new file that
     may already be larger than the offset) is read again from 0 instead of from the old offset."""
-    args = probe_args(workspace, run, log_offset, procs=procs, gpus=gpus, log_max=log_max, log_inode=log_inode)
+    args = probe_args(workspace, run, log_offset, procs=procs, gpus=gpus, log_max=log_max, log_inode=log_inode,
+                      events=events)
     args += ["--watch", "--interval", f"{interval:g}"]
     lines = target.stream([target.host.python, "-", *args], stdin=build_script().encode())
     got = False

@@ -140,6 +140,19 @@ def group_live(pgid: int) -> bool:
     return False
 
 
+def marked_processes(run_id: str, run_dir: str, exclude: tuple = ()) -> dict:
+    """pid -> start time of every live process carrying this run's marker AND its DFLASH_RUN_DIR (a run of the
+    same id in another workspace is not ours), but those in exclude."""
+    found = {}
+    for name in _listdir("/proc"):
+        if name.isdigit() and int(name) not in exclude:
+            st = proc_stat(int(name))
+            if st is not None and st["state"] not in ("Z", "X") and proc_marker(int(name)) == run_id \
+                    and proc_env_var(int(name), RUN_DIR_VAR) == run_dir:
+                found[int(name)] = st["starttime"]
+    return found
+
+
 def _listdir(path: str) -> list[str]:
     try:
         return os.listdir(path)

@@ -108,7 +108,9 @@ def run_state(run_id: str, run_dir: str, cache: dict | None = None) -> dict:
         "exit_code": exit_code,
         "ended_at": _mtime(os.path.join(run_dir, "exit_code")),
         "stopped": os.path.exists(os.path.join(run_dir, "stopped")),
+        "stopped_by": read_json(os.path.join(run_dir, "stopped")),  # {"by": "dflashctl stop" | "sentinel", ...}
         "heartbeat": read_json(os.path.join(run_dir, "heartbeat.json")),
+        "restart": read_json(os.path.join(run_dir, "restart.json")),  # the sentinel asked for another attempt
         "errors": errors,
     }
 

@@ -12,12 +12,13 @@ import sys
 import time
 
 from dflashctl.agent.lib.frame import reply
-from dflashctl.agent.lib.runstate import list_runs, resolve_run, run_ids, run_state
+from dflashctl.agent.lib.runstate import list_runs, log_tail, resolve_run, run_ids, run_state
 from dflashctl.agent.probe.gpus import gpu_report
 from dflashctl.agent.probe.logtail import read_log
 from dflashctl.agent.probe.procs import host_gpu_procs, scan_procs
 
 PROBE_VERSION = 1  # the report's own version (its fields are the contract with `status`)
+EVENTS_MAX = 64 << 10  # of a run's events.jsonl (the sentinel's timeline: a few hundred bytes per event)
 
 
 def parse_args(argv: list) -> argparse.Namespace:
@@ -30,6 +31,7 @@ def parse_args(argv: list) -> argparse.Namespace:
     p.add_argument("--procs", action="store_true")
     p.add_argument("--pid", type=int, action="append", default=[], help="with --procs: report this pid too")
     p.add_argument("--gpus", action="store_true")
+    p.add_argument("--events", action="store_true", help="with --run: the run's events.jsonl (its last 64 KiB)")
     p.add_argument("--runs", action="store_true", help="list every run's state")
     p.add_argument("--host-gpu-procs", metavar="CTID", help="run on the Proxmox host: compute apps of CTID")
     p.add_argument("--watch", action="store_true")
@@ -59,6 +61,8 @@ def report(args: argparse.Namespace, offset, inode) -> dict:
             if found:
                 doc["run"] = run_state(*found)
                 doc["log"] = read_log(os.path.join(found[1], "train.log"), offset, args.log_max, inode)
+                if args.events:
+                    doc["events_b64"] = log_tail(os.path.join(found[1], "events.jsonl"), EVENTS_MAX)
         if args.runs:
             doc["runs"] = list_runs(runs_dir)
     if args.gpus:

@@ -1,0 +1,167 @@
+"""The sentinel program: `python3 <run>/sentinel.pyz <run-dir>`, started by the run's supervisor (agent/launcher.py).
+
+Each `interval_s` it takes the probe's own report of the run (agent/probe/main.py `report`, read in-process: the
+log's new bytes, the run's state, the GPUs every `gpu_interval_s`), feeds it to the same `Watcher` `status` uses,
+and turns what changed into events (events.EventTracker), notifications (notify.Notifier, a thread of its own:
+a hanging webhook never slows the watch) and, when the failure policy says so, a stop of the run.
+
+Its life is the run's: the supervisor holds its stdin. When the program has exited and its group is reaped, the
+supervisor writes the exit code there and waits (at most END_WAIT_S) for the sentinel's last events, its last
+notifications and its restart decision (`restart.json`) before it records `exit_code`. EOF without a code (the
+supervisor was killed) ends it too. It never touches a GPU beyond reading NVML / nvidia-smi, and writes only
+events.jsonl, sentinel.log (its stdout/stderr), restart.json and, when it stops the run, the `stopped` marker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+
+from dflashctl.agent.lib.fsutil import read_json, write_atomic
+from dflashctl.agent.lib.procfs import MARKER
+from dflashctl.agent.lib.reaping import end_group
+from dflashctl.agent.probe.main import parse_args, report
+from dflashctl.analysis.logscan import LogScanner
+from dflashctl.analysis.progress import custom
+from dflashctl.analysis.watcher import StatusView, Watcher
+from dflashctl.report import parse_report
+from dflashctl.sentinel.chain import restart_why
+from dflashctl.sentinel.events import EVENTS_FILE, Event, EventTracker
+from dflashctl.sentinel.notify import Notifier
+from dflashctl.sentinel.policy import Decision, PolicyState
+from dflashctl.sentinel.spec import SentinelSpec
+
+END_WAIT_S = 8.0  # the supervisor waits this long for the sentinel's end (exit_code waits on it)
+FLUSH_S = 5.0  # of which the last notifications may take this long
+STOP_GRACE_S = 30.0  # a policy stop: SIGTERM, this long, then SIGKILL (as `dflashctl stop`)
+READ_MAX = 4 << 20  # log bytes per read: a burst is read in several passes, memory stays bounded
+
+
+class Sentinel:
+    def __init__(self, run_dir: str, run_id: str, spec: SentinelSpec) -> None:
+        self.run_dir, self.run_id, self.spec = run_dir, run_id, spec
+        self.workspace = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
+        self.watcher = Watcher(spec.host, live=True, scanner=LogScanner(
+            custom(spec.progress_regex) if spec.progress_regex else None))
+        self.tracker = EventTracker(run_id, policy=spec.policy)
+        self.policy = PolicyState(spec.policy)
+        self.notifier = Notifier(spec.targets, spec.kinds, spec.host, on_failure=self._delivery_failed,
+                                 gather_s=spec.gather_s, min_gap_s=spec.min_gap_s)
+        self.offset: int | None = 0
+        self.inode: int | None = None
+        self.next_gpus = 0.0
+        self.ended = threading.Event()
+        self.exit_code: int | None = None
+        self.last: StatusView | None = None
+        self._write_lock = threading.Lock()
+
+    # -- I/O at the edges -------------------------------------------------------------------------------------
+    def append(self, event: Event) -> None:
+        with self._write_lock, contextlib.suppress(OSError):
+            fd = os.open(os.path.join(self.run_dir, EVENTS_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, event.to_line())
+            finally:
+                os.close(fd)
+
+    def _delivery_failed(self, rec: dict) -> None:
+        verdict = self.last.health.verdict.value if self.last else ""
+        self.append(Event(time.time(), "notify-failed", self.run_id, verdict,
+                          f"notification to {rec.get('target')} failed after {rec.get('attempts')} attempt(s): "
+                          f"{rec.get('error')}", dict(rec)))
+
+    def sample(self, *, final: bool = False) -> StatusView:
+        gpus = final or time.monotonic() >= self.next_gpus
+        if gpus:
+            self.next_gpus = time.monotonic() + self.spec.gpu_interval_s
+        args = ["--workspace", self.workspace, "--run", self.run_id, "--log-max", str(READ_MAX)]
+        doc = report(parse_args([*args, *(["--gpus"] if gpus else [])]), self.offset, self.inode)
+        if final and doc.get("run") is not None and self.exit_code is not None:
+            # the supervisor has told us the code it is about to record: judge the run as it will stand
+            doc["run"].update(alive=False, ending=False, exit_code=self.exit_code)
+        rep = parse_report(doc)
+        if rep.log is not None:
+            self.offset, self.inode = rep.log.next_offset, rep.log.inode
+        view = self.watcher.update(rep)
+        self.last = view
+        return view
+
+    def stop_run(self, decision: Decision) -> None:
+        """As `dflashctl stop` does it: the marker first (so every reader says why at once), then the group."""
+        pid = (self.last.run.pid if self.last and self.last.run else None)
+        write_atomic(os.path.join(self.run_dir, "stopped"), json.dumps({
+            "by": "sentinel", "reason": decision.reason, "detail": decision.detail, "time": time.time(),
+            "pid": pid}).encode())
+        if pid:
+            threading.Thread(target=end_group, args=(pid, STOP_GRACE_S), daemon=True, name="policy-stop").start()
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+    def handle(self, view: StatusView) -> None:
+        events = self.tracker.update(view)
+        decision = self.policy.decide(view)
+        if decision is not None:
+            events.append(decision.to_event(view))
+        for ev in events:
+            self.append(ev)
+            self.notifier.submit(ev)
+        if decision is not None:
+            self.stop_run(decision)
+
+    def watch_end(self, stream) -> None:  # noqa: ANN001 - the supervisor's pipe (a binary file)
+        """The supervisor's word: one line with the exit code, or EOF (it is gone)."""
+        try:
+            line = stream.readline()
+            self.exit_code = int(line.strip()) if line.strip() else None
+        except (OSError, ValueError):
+            self.exit_code = None
+        self.ended.set()
+
+    def run(self) -> int:
+        spec = self.spec
+        self.append(Event(time.time(), "sentinel", self.run_id, "starting",
+                          f"watching run {self.run_id} every {spec.interval_s:g} s"
+                          + (f", notifying {len(spec.targets)} target(s)" if spec.targets else ""),
+                          {"pid": os.getpid(), "interval_s": spec.interval_s, "attempt": spec.attempt,
+                           "targets": [t.label for t in spec.targets], "kinds": list(spec.kinds),
+                           "policy": spec.to_dict()["policy"], "restart": spec.to_dict()["restart"]}))
+        threading.Thread(target=self.watch_end, args=(sys.stdin.buffer,), daemon=True, name="end").start()
+        while not self.ended.is_set():
+            started = time.monotonic()
+            view = self.sample()
+            self.handle(view)
+            drained = view.run is None or self.offset is None or not self._more_log()
+            if drained:
+                self.ended.wait(max(0.0, spec.interval_s - (time.monotonic() - started)))
+        while self._more_log():  # what the program wrote last, before judging its end
+            self.handle(self.sample())
+        final = self.sample(final=True)
+        self.handle(final)
+        self.notifier.flush(FLUSH_S)
+        why = restart_why(spec.restart, spec.attempt, final, self.exit_code)
+        if why is not None:
+            write_atomic(os.path.join(self.run_dir, "restart.json"), json.dumps(
+                {"attempt": spec.attempt + 1, "why": why, "verdict": final.health.verdict.value,
+                 "exit_code": self.exit_code}).encode())
+        self.notifier.close()
+        return 0
+
+    def _more_log(self) -> bool:
+        try:
+            return os.stat(os.path.join(self.run_dir, "train.log")).st_size > (self.offset or 0)
+        except OSError:
+            return False
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        sys.stderr.write("usage: python3 sentinel.pyz RUN_DIR\n")
+        return 2
+    run_dir = argv[0]
+    launch = read_json(os.path.join(run_dir, "launch.json")) or {}
+    spec = SentinelSpec.from_dict(launch.get("sentinel") or {"host": "?"})
+    run_id = os.environ.get(MARKER) or os.path.basename(os.path.abspath(run_dir))
+    return Sentinel(run_dir, run_id, spec).run()
