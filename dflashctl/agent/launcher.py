@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 
-from dflashctl.agent.lib.attempts import SPEC_FILE, next_spec, restart_event, wait_before_start
+from dflashctl.agent.lib.attempts import SPEC_FILE, relaunch, wait_before_start
 from dflashctl.agent.lib.checkpoints import newest_checkpoint, take_checkpoint
 from dflashctl.agent.lib.frame import reply
 from dflashctl.agent.lib.fsutil import read_bytes, read_int, write_atomic
@@ -299,7 +299,14 @@ def supervise(run_dir: str) -> int:
     with contextlib.suppress(OSError):  # only a liveness hint: never a reason to leave no exit_code
         write_atomic(os.path.join(run_dir, "supervisor.pid"), f"{os.getpid()}\n".encode())
     if spec.get("wait"):  # a restart: the backoff, the previous attempt gone, its GPUs' memory released
-        waited = wait_before_start(spec["wait"], _say)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, _stop_waiting)
+        try:
+            waited = wait_before_start(spec["wait"], _say)
+        except _StoppedWaiting:
+            _say("stopped while waiting to start the next attempt; its program was never started")
+            write_atomic(exit_path, b"143\n")
+            return 0
         _say(f"restart: waited {waited['waited_s']:g} s; starting attempt "
              f"{(spec.get('sentinel') or {}).get('attempt')}")
     try:
@@ -326,36 +333,21 @@ def supervise(run_dir: str) -> int:
     _say(f"{spec.get('what') or 'trainer'} exited with code {code}{note}")
     end_sentinel(sentinel, code, _say)
     write_atomic(exit_path, f"{code}\n".encode())
-    _maybe_restart(run_dir)
+    relaunch(run_dir, start)
     return 0
+
+
+class _StoppedWaiting(Exception):
+    pass
+
+
+def _stop_waiting(_signum: int, _frame: object) -> None:
+    raise _StoppedWaiting
 
 
 def _say(line: str) -> None:
     sys.stderr.write(f"[dflashctl] {line}\n")
     sys.stderr.flush()
-
-
-def _maybe_restart(run_dir: str) -> None:
-    """The sentinel asked for another attempt (restart.json): start it in a new run directory, as a launch would,
-    and record it in this attempt's events. Never reused: this run directory is only read."""
-    path = os.path.join(run_dir, "restart.json")
-    try:
-        with open(path) as f:
-            decision = json.load(f)
-    except (OSError, ValueError):
-        return
-    run_id = os.path.basename(run_dir)
-    attempt, why = int(decision.get("attempt") or 2), str(decision.get("why") or "")
-    spec = next_spec(run_dir, run_id, decision)
-    if spec is None:
-        restart_event(run_dir, run_id, None, attempt, why, "this run kept no launch spec", decision.get("verdict"))
-        return
-    with open(os.path.join(run_dir, "launcher.py")) as f:
-        source = f.read()
-    sys.stdout.flush()
-    doc = start(spec, source, wait_pid=False)
-    restart_event(run_dir, run_id, doc.get("run_id"), attempt, why, doc.get("message") if "error" in doc else None,
-                  decision.get("verdict"))
 
 
 def _reap_group(pgid: int) -> int:

@@ -83,6 +83,8 @@ def stop(spec: dict) -> int:
     run_dir, run_id = spec["run_dir"], spec["run_id"]
     pid = read_int(os.path.join(run_dir, "pid"))
     code = read_int(os.path.join(run_dir, "exit_code"))
+    if pid is None and code is None:
+        return _stop_waiting(run_dir, run_id, float(spec.get("grace_s", 30.0)))
     st = proc_stat(pid) if pid else None
     if pid is None or st is None or st["state"] in ("Z", "X") or proc_marker(pid) != run_id:
         return reply({"outcome": "not-running", "exit_code": code, "pid": pid})
@@ -105,6 +107,28 @@ def stop(spec: dict) -> int:
         recorded_by = "stop"
     return reply({"outcome": "stopped", "pid": pid, "exit_code": code, "escalated": escalated,
                   "recorded_by": recorded_by, "ended": _group_ended(pid)})
+
+
+def _stop_waiting(run_dir: str, run_id: str, grace_s: float) -> int:
+    """A restart attempt still waiting to start its program (backoff, GPU memory): its supervisor ends the wait
+    on SIGTERM and records 143 without starting anything."""
+    sup = read_int(os.path.join(run_dir, "supervisor.pid"))
+    if not sup or proc_marker(sup) != run_id:
+        return reply({"outcome": "not-running", "exit_code": None, "pid": None})
+    write_atomic(os.path.join(run_dir, "stopped"),
+                 json.dumps({"by": "dflashctl stop", "time": time.time(), "pid": sup}).encode())
+    with contextlib.suppress(OSError):
+        os.kill(sup, signal.SIGTERM)
+    end = time.time() + grace_s
+    code = read_int(os.path.join(run_dir, "exit_code"))
+    while code is None and time.time() < end:
+        time.sleep(0.1)
+        code = read_int(os.path.join(run_dir, "exit_code"))
+    if code is None:
+        code = 143
+        write_atomic(os.path.join(run_dir, "exit_code"), b"143\n")
+    return reply({"outcome": "stopped", "pid": sup, "exit_code": code, "escalated": False,
+                  "recorded_by": "supervisor", "ended": True})
 
 
 def _stop_adopted(spec: dict) -> int:

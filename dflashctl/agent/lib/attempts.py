@@ -132,3 +132,25 @@ def restart_event(prev_dir: str, prev_id: str, next_id: str | None, attempt: int
             os.write(fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
         finally:
             os.close(fd)
+
+
+def relaunch(run_dir: str, start) -> None:  # noqa: ANN001 - the launcher's start(spec, source, wait_pid=)
+    """The sentinel asked for another attempt (restart.json): start it in a new run directory, as a launch would,
+    and record it in this attempt's events. Never reused: this run directory is only read."""
+    path = os.path.join(run_dir, "restart.json")
+    try:
+        with open(path) as f:
+            decision = json.load(f)
+    except (OSError, ValueError):
+        return
+    run_id = os.path.basename(run_dir)
+    attempt, why = int(decision.get("attempt") or 2), str(decision.get("why") or "")
+    spec = next_spec(run_dir, run_id, decision)
+    if spec is None:
+        restart_event(run_dir, run_id, None, attempt, why, "this run kept no launch spec", decision.get("verdict"))
+        return
+    with open(os.path.join(run_dir, "launcher.py")) as f:
+        source = f.read()
+    doc = start(spec, source, wait_pid=False)
+    restart_event(run_dir, run_id, doc.get("run_id"), attempt, why, doc.get("message") if "error" in doc else None,
+                  decision.get("verdict"))
