@@ -42,6 +42,7 @@ class RunRecord:
     log_size: int | None = None  # with --runs
     log_tail: bytes = b""  # with --runs: the log's last bytes, for its last step
     stopped_by: dict[str, Any] | None = None  # the `stopped` marker: who stopped the run, and why
+    events_tail: bytes = b""  # with --runs: the end of its events.jsonl, for its last event
     restart: dict[str, Any] | None = None  # restart.json: the sentinel asked for another attempt (attempt, why)
 
     def to_record(self) -> dict[str, Any]:
@@ -150,7 +151,7 @@ def parse_run(doc: Mapping[str, Any]) -> RunRecord:
         ending=bool(doc.get("ending")), supervisor_pid=_int(doc.get("supervisor_pid")),
         ended_at=_float(doc.get("ended_at")), log_size=_int(doc.get("log_size")),
         log_tail=_b64(doc.get("log_tail_b64")), stopped_by=_dict(doc.get("stopped_by")) if doc.get("stopped") else None,
-        restart=_dict(doc.get("restart")),
+        restart=_dict(doc.get("restart")), events_tail=_b64(doc.get("events_tail_b64")),
     )
 
 

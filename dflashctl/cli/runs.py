@@ -41,16 +41,23 @@ def runs(host: str | None = HostOpt, hosts: Path | None = HostsOpt, json_out: bo
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
     chained = any(r.attempt is not None for r in lst.runs)
-    for col in ("", "RUN", "VERDICT", "PID", "STARTED", "DURATION", "STEP", "EXIT", *(["ATTEMPT"] if chained else [])):
-        table.add_column(col, no_wrap=True)
+    watched = any(r.events_tail for r in lst.runs)
+    for col in ("", "RUN", "VERDICT", "PID", "STARTED", "DURATION", "STEP", "EXIT", *(["ATTEMPT"] if chained else []),
+                *(["LAST EVENT"] if watched else [])):
+        table.add_column(col, no_wrap=col != "LAST EVENT", overflow="ellipsis")
     for r in lst.runs:
         started = (r.meta or {}).get("started_at") or "-"
         table.add_row("*" if r.id == lst.latest else "", ("↳ " if (r.attempt or 1) > 1 else "") + r.id,
                       str(r.verdict(lst.now)), str(r.pid or "-"),
                       str(started), age(r.duration_s(lst.now)), "-" if r.last_step is None else str(r.last_step),
-                      "-" if r.exit_code is None else str(r.exit_code), *([r.attempt_label] if chained else []))
+                      "-" if r.exit_code is None else str(r.exit_code), *([r.attempt_label] if chained else []),
+                      *([_event_cell(r.last_event)] if watched else []))
     show(table)
     out("* = runs/latest")
+
+
+def _event_cell(ev: dict | None) -> str:
+    return "-" if ev is None else escape(f"{ev.get('kind')}: {ev.get('message') or ''}")[:90]
 
 
 @app.command("logs")

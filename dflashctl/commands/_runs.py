@@ -71,7 +71,18 @@ class RunInfo(RunRecord):
             "started_at": meta.get("started_at"), "last_step": self.last_step, "log_path": self.log_path,
             "duration_s": None if now is None else self.duration_s(now),
             "attempt": self.attempt, "restart_of": meta.get("restart_of"), "chain": meta.get("chain"),
+            "last_event": self.last_event,
         }
+
+    @property
+    def last_event(self) -> dict[str, Any] | None:
+        """The newest record of the run's sentinel (events.jsonl), from the tail the probe sent with --runs."""
+        if not self.events_tail:
+            return None
+        from dflashctl.sentinel.events import read_events
+
+        found = read_events(self.events_tail)  # a line the tail cut is no JSON object: skipped
+        return found[-1].to_record() if found else None
 
     @property
     def attempt(self) -> int | None:

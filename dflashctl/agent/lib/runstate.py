@@ -140,6 +140,7 @@ def list_runs(runs_dir: str) -> list[dict]:
         log = os.path.join(path, "train.log")
         state["log_size"] = _size(log)
         state["log_tail_b64"] = log_tail(log)
+        state["events_tail_b64"] = log_tail(os.path.join(path, "events.jsonl"), EVENTS_TAIL)  # its last event
         out.append(state)
     return out
 
@@ -152,6 +153,7 @@ def _size(path: str) -> int | None:
 
 
 TAIL_BYTES = 8192  # of each run's log, for its last step: the laptop reads it with the one log engine
+EVENTS_TAIL = 2048  # of each run's events.jsonl, for its last event
 
 
 def log_tail(path: str, size: int = TAIL_BYTES) -> str:
