@@ -183,7 +183,19 @@ class _Where:
             start += 1
         if key is None:
             return None
-        first = key.split(".")[0]
+        first, _, rest = key.partition(".")
+        if host is not None and rest:  # `notify.events` written in its own table: [hosts.NAME.notify] events = …
+            sub = re.compile(rf"^\s*\[\s*hosts\s*\.\s*(\"{re.escape(host)}\"|{re.escape(host)})\s*\.\s*"
+                             rf"{re.escape(first)}\s*\]")
+            at = next((i for i, ln in enumerate(self.lines) if sub.match(ln)), None)
+            if at is not None:
+                inner = re.compile(rf"^\s*{re.escape(rest.split('.')[0])}\s*[=.]")
+                for i in range(at + 1, len(self.lines)):
+                    if self.lines[i].lstrip().startswith("["):
+                        break
+                    if inner.match(self.lines[i]):
+                        return i + 1
+                return at + 1
         pat = re.compile(rf"^\s*{re.escape(first)}\s*[=.]")
         for i in range(start, len(self.lines)):
             if host is not None and i > start and self.lines[i].lstrip().startswith("[") \

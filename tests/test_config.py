@@ -206,3 +206,91 @@ def test_a_hosts_progress_regex_is_checked_where_it_is_written(tmp_path: Path) -
         with pytest.raises(ConfigError) as e:
             load_inventory(bad)
         assert f"{bad}:3: [hosts.x] progress_regex:" in e.value.message and problem in e.value.message
+
+
+SENTINEL_HOST = """\
+[hosts.pve]
+address = "pve1.example.invalid"
+container = 200
+sentinel = true
+sentinel_interval = "2s"
+on_worker_failure = "stop"
+idle_limit = "5%@30m"
+stall_limit = "20m"
+restart_on = ["crashed", "stalled"]
+max_restarts = 3
+restart_backoff = "30s"
+
+[hosts.pve.notify]
+webhook = ["https://hooks.example.invalid/a", "https://hooks.example.invalid/b"]
+ntfy = "https://ntfy.example.invalid/dflash-runs"
+command = "logger -t dflash"
+events = ["default", "first-step"]
+min_gap = "90s"
+"""
+
+
+def test_a_hosts_sentinel_and_notify_keys_are_read_into_the_host(tmp_path: Path) -> None:
+    h = load_inventory(write(tmp_path / "hosts.toml", SENTINEL_HOST)).get("pve")
+    assert (h.sentinel, h.sentinel_interval_s) == (True, 2.0)
+    assert h.notify == ("webhook:https://hooks.example.invalid/a", "webhook:https://hooks.example.invalid/b",
+                        "ntfy:https://ntfy.example.invalid/dflash-runs", "command:logger -t dflash")
+    assert h.notify_on == ("first-step", "worker-crashed", "stalled", "idle-gpus", "signature", "policy", "ended",
+                           "restart")
+    assert h.notify_min_gap_s == 90.0
+    assert (h.on_worker_failure, h.idle_limit, h.stall_limit) == ("stop", "5%@30m", "20m")
+    assert (h.restart_on, h.max_restarts, h.restart_backoff) == (("crashed", "stalled"), 3, "30s")
+
+
+def test_a_host_without_sentinel_keys_gets_a_watched_run_with_no_targets(tmp_path: Path) -> None:
+    h = load_inventory(write(tmp_path / "hosts.toml", '[hosts.gpu]\naddress = "gpu.example.invalid"\n')).get("gpu")
+    assert (h.sentinel, h.sentinel_interval_s, h.notify, h.notify_on, h.notify_min_gap_s) == (True, None, (), None,
+                                                                                              None)
+    assert (h.on_worker_failure, h.idle_limit, h.stall_limit, h.restart_on, h.max_restarts, h.restart_backoff) == (
+        None, None, None, None, None, None)
+
+
+def test_the_hosts_sentinel_keys_become_the_runs_spec_unless_a_flag_says_otherwise(tmp_path: Path) -> None:
+    from dflashctl.commands.sentinel import WatchOptions, sentinel_spec
+
+    h = load_inventory(write(tmp_path / "hosts.toml", SENTINEL_HOST)).get("pve")
+    spec = sentinel_spec(h, WatchOptions())
+    assert [t.kind for t in spec.targets] == ["webhook", "webhook", "ntfy", "command"]
+    assert spec.kinds == h.notify_on and spec.min_gap_s == 90.0 and spec.interval_s == 2.0
+    assert spec.policy.on_worker_failure == "stop" and spec.policy.stall_limit_s == 1200.0
+    assert (spec.policy.idle_limit.util_pct, spec.policy.idle_limit.for_s) == (5.0, 1800.0)
+    assert (spec.restart.on, spec.restart.max_restarts, spec.restart.backoff_s) == (("crashed", "stalled"), 3, 30.0)
+    flagged = sentinel_spec(h, WatchOptions(notify=["none"], notify_on="ended", on_worker_failure="keep"))
+    assert flagged.targets == () and flagged.kinds == ("ended",) and flagged.policy.on_worker_failure == "keep"
+    off = write(tmp_path / "off.toml", '[hosts.pve]\naddress = "pve1.example.invalid"\nsentinel = false\n')
+    assert sentinel_spec(load_inventory(off).get("pve"), WatchOptions()) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "line", "key", "problem"),
+    [
+        ('idle_limit = "5@30m"', 3, "idle_limit", "is not UTIL%@DURATION"),
+        ('idle_limit = "5%@0"', 3, "idle_limit", "must be longer than 0 s"),
+        ('stall_limit = "abc"', 3, "stall_limit", "is not a duration"),
+        ('on_worker_failure = "restart"', 3, "on_worker_failure", "neither stop nor keep"),
+        ("sentinel = 1", 3, "sentinel", "true or false"),
+        ("max_restarts = 2", 3, "max_restarts", "without --restart-on"),
+        ('restart_on = ["exploded"]', 3, "restart_on", "not a restartable ending"),
+        ('notify = "x"', 3, "notify", "must be a table"),
+        ('notify.events = ["crash"]', 3, "notify.events", "unknown event kind 'crash'"),
+        ('notify.webhook = "ftp://x"', 3, "notify.webhook", "is not an http(s) URL"),
+        ("notify.bogus = 1", 3, "notify.bogus", "unknown key"),
+        ('notify.min_gap = "soon"', 3, "notify.min_gap", "is not a duration"),
+        ("notify.slack = 5", 3, "notify.slack", "must be a string or an array of strings"),
+        # the same keys in a [hosts.pve.notify] table of their own: the line is the key's, in that table
+        ('\n[hosts.pve.notify]\nwebhook = "https://ok.example.invalid/x"\nevents = ["crash"]', 6, "notify.events",
+         "unknown event kind 'crash'"),
+        ('\n[hosts.pve.notify]\nwebhook = "ftp://x"', 5, "notify.webhook", "is not an http(s) URL"),
+        ('\n[hosts.pve.notify]\nntfy = "https://ntfy.example.invalid/t"\nbogus = 1', 6, "notify.bogus", "unknown key"),
+    ],
+)
+def test_a_malformed_sentinel_key_names_file_line_and_key(tmp_path: Path, body: str, line: int, key: str,
+                                                          problem: str) -> None:
+    e = error_of(f'[hosts.pve]\naddress = "pve1.example.invalid"\n{body}\n', tmp_path)
+    assert f"hosts.toml:{line}: [hosts.pve] {key}: " in e.message, e.message
+    assert problem in e.message, e.message

@@ -235,14 +235,19 @@ class EventTracker:
         crashed = [w for w in h.threads if w.state == "crashed"]
         carried: set[str] = set()
         waiting: set[str] = set()
-        for w in crashed:
-            if w.name in s.workers:
+        new = [w for w in crashed if w.name not in s.workers]
+        bare = {w.name for w in new if w.exception is None and w.message is None and run.alive
+                and view.time is not None}
+        for name in bare:
+            s.held.setdefault(name, t)
+        # workers that crashed together are said together (one message for a crash storm): while one of them waits
+        # for its exception line, the others wait with it, for at most HOLD_S after the first of them was held
+        first = min((s.held[w.name] for w in new if w.name in s.held), default=t)
+        together = t - first < HOLD_S and any(t - s.held[n] < HOLD_S for n in bare)
+        for w in new:
+            if together or (w.name in bare and t - s.held[w.name] < HOLD_S):
+                waiting.update(x.signature.id for x in h.hits if _is_evidence(x, w))
                 continue
-            if w.exception is None and w.message is None and run.alive and view.time is not None:
-                since = s.held.setdefault(w.name, t)
-                if t - since < HOLD_S:
-                    waiting.update(x.signature.id for x in h.hits if _is_evidence(x, w))
-                    continue
             s.workers.add(w.name)
             s.held.pop(w.name, None)
             hit = worker_hit(w, h.hits, crashed)

@@ -333,13 +333,13 @@ class Notifier:
                     self._stats.delivered += 1
                 else:
                     self._stats.failures += 1
-        d.done.set()
         if first and error is not None:
             try:
                 self._on_failure({"target": d.target.label, "error": error, "attempts": d.attempts,
                                   "kinds": list(d.kinds)})
             except Exception as e:  # the caller's recorder failing must not kill a delivery thread
                 self._note_error(e)
+        d.done.set()  # after the report: flush() returning means the failure is recorded (the sentinel then exits)
 
     def _note_error(self, e: BaseException) -> None:
         with self._cond:

@@ -240,7 +240,8 @@ class SentinelSpec:
     restart: Restart | None = None
     interval_s: float = 1.0  # how often the log and the process are looked at
     gpu_interval_s: float = 5.0  # how often the GPUs are read (nvidia-smi is not free)
-    gather_s: float = 1.0  # events this close together go out as one message
+    gather_s: float = 2.0  # events this close together go out as one message (longer than interval_s: a storm
+    # whose tracebacks straddle one of the sentinel's reads is still one message)
     min_gap_s: float = 60.0  # after a message, further events wait this long and go out as one (rate limit)
     attempt: int = 1  # which attempt of its launch this run is (restarts count up)
     progress_regex: str | None = None  # the host's own progress format (hosts.toml `progress_regex`)
@@ -272,6 +273,6 @@ class SentinelSpec:
                           None if p.get("stall_limit_s") is None else float(p["stall_limit_s"])),
             restart=None if not restart else Restart.from_dict(restart),
             interval_s=float(d.get("interval_s", 1.0)), gpu_interval_s=float(d.get("gpu_interval_s", 5.0)),
-            gather_s=float(d.get("gather_s", 1.0)), min_gap_s=float(d.get("min_gap_s", 60.0)),
+            gather_s=float(d.get("gather_s", 2.0)), min_gap_s=float(d.get("min_gap_s", 60.0)),
             attempt=int(d.get("attempt", 1)), progress_regex=d.get("progress_regex"),
         )

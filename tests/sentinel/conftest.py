@@ -5,7 +5,9 @@ and readers of a run's events.jsonl.
 The program (PROG) is steered by files in its run directory ($DFLASH_RUN_DIR), so a test decides when things
 happen from what it has observed, never from a timer:
   crash   the N doomed worker threads (argv[1], default 1) meet at a threading.Barrier, then each raises
-          through a few frames of the program (a real traceback per thread); the main thread lives on
+          through a few frames of the program (a real traceback per thread, printed by Python's threading
+          excepthook: threads dying at once interleave theirs, even half-lines; with --whole-tracebacks each is
+          written in one piece); the main thread lives on
   finish  the main thread prints its last line and exits 0
 Until then the main thread logs `step N loss X` lines; `done after N steps` says how many it wrote.
 
@@ -29,6 +31,14 @@ import os, sys, threading, time
 ctl = os.environ["DFLASH_RUN_DIR"]
 doomed = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 barrier = threading.Barrier(doomed)
+if "--whole-tracebacks" in sys.argv:  # each thread's traceback in one write, as a logging handler writes a record
+    import traceback
+
+    def whole(a):
+        os.write(2, (f"Exception in thread {a.thread.name}:\n" + "".join(
+            traceback.format_exception(a.exc_type, a.exc_value, a.exc_traceback))).encode())
+
+    threading.excepthook = whole
 
 
 def cue(name):
@@ -63,9 +73,10 @@ def write_prog(directory: Path) -> Path:
     return directory
 
 
-def launch_prog(run_cli, src: Path, *opts: str, doomed: int = 1) -> dict:  # noqa: ANN001 - the cli fixture
-    """`launch --json --source SRC OPTS… --exec -- python3 prog.py DOOMED`: the launch's JSON document."""
-    res = run_cli("launch", "--source", str(src), "--json", *opts, "--exec", "--", "python3", "prog.py", str(doomed))
+def launch_prog(run_cli, src: Path, *opts: str, doomed: int = 1, args: tuple[str, ...] = ()) -> dict:  # noqa: ANN001
+    """`launch --json --source SRC OPTS… --exec -- python3 prog.py DOOMED ARGS…`: the launch's JSON document."""
+    res = run_cli("launch", "--source", str(src), "--json", *opts, "--exec", "--", "python3", "prog.py", str(doomed),
+                  *args)
     assert res.code == 0, res.err
     return res.json()
 
