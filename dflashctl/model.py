@@ -152,9 +152,12 @@ _VERDICT_EXIT = {
 
 
 class GpuFinding(StrEnum):
+    """What one GPU's readings over the window say (analysis/gpuwindow.py judge_gpus)."""
+
     BUSY = "busy"
     IDLE = "idle"
-    IDLE_ALLOCATED = "idle-allocated"
+    IDLE_ALLOCATED = "idle-allocated"  # memory held at ≈0 % utilisation for the window
+    SPINNING = "spinning"  # memory held, ≈100 % utilisation at near-idle power, no new step: a wait kernel spinning
     ORPHANED = "orphaned"
 
 
@@ -190,6 +193,90 @@ class GpuReport:
     nvml: tuple[dict[str, object], ...] = ()
     smi_csv: str | None = None
     error: str | None = None
+    time: float | None = None  # when it was read (the probe's clock), in a watch's `gpus_series`
+
+
+class GpuAction(StrEnum):
+    """What a GPU health finding asks for (the JSON contract: these strings). In order of how much of the machine it
+    takes away: the program, the GPU, the node's work, the node itself (analysis/gpuhealth.py `worst_action`)."""
+
+    RESTART_PROGRAM = "restart the program"
+    RESET_GPU = "reset the GPU"
+    DRAIN_NODE = "drain the node"
+    REBOOT = "reboot"
+
+
+class HealthSeverity(StrEnum):
+    """How bad a GPU health finding is for the GPU: info (the GPU is fine: a program was stopped, a setting is off),
+    warning (degraded or needs a reset when convenient), critical (unusable or untrustworthy until acted on)."""
+
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One NVIDIA driver Xid report from the kernel log (analysis/xids.py). pci is normalised to `0000:18:00`
+    (domain:bus:device, as `normalize_pci` makes nvidia-smi's `00000000:18:00.0` too); None where the line had none."""
+
+    xid: int
+    pci: str | None
+    pid: int | None  # None for pid='<unknown>' or none printed
+    process: str | None
+    message: str
+    raw: str  # the line as read
+    stamp: str | None = None  # whatever dmesg/journalctl put before `NVRM:` (not parsed)
+    implied: bool = False  # "GPU … has fallen off the bus" printed without an Xid number: counted as Xid 79
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """One GPU's health readings (analysis/gpuhealth.py `gpu_health`). None: the driver did not report it (not
+    supported, N/A, or an older probe/driver without the field), never a guess."""
+
+    index: int
+    pci_bus_id: str | None = None  # normalised `0000:18:00`
+    uuid: str | None = None
+    name: str | None = None
+    temperature_c: float | None = None
+    power_w: Watts | None = None
+    power_limit_w: Watts | None = None
+    persistence_mode: bool | None = None
+    ecc_uncorrected_volatile: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_correctable: int | None = None
+    recovery_action: str | None = None  # none | reset | reboot | drain (the driver's own advice)
+    clocks_event_reasons: int | None = None  # NVML's nvmlClocksEventReason* bitmask
+    throttle_reasons: tuple[str, ...] = ()  # that mask decoded (nvidia-smi's names: sw_power_cap, hw_slowdown …)
+    unsupported: tuple[str, ...] = ()  # fields the driver said it does not support
+    read_error: str | None = None  # NVML could not read this GPU at all (its handle failed: lost, reset required)
+
+    def to_record(self) -> dict[str, object]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class HealthFinding:
+    """One thing wrong (or worth knowing) about one GPU. id is the JSON contract (docs/failures.md, "GPU health
+    findings"); gpu is None for an Xid whose PCI address matches no GPU the probe saw."""
+
+    id: str
+    gpu: int | None
+    severity: HealthSeverity
+    meaning: str
+    action: GpuAction | None  # None: no recovery action; remedy says what to look at
+    remedy: str
+    evidence: str  # the kernel-log line, or field=value
+    count: int = 1  # how many lines/readings said the same thing
+
+    def to_record(self) -> dict[str, object]:
+        return {"id": self.id, "gpu": self.gpu, "severity": str(self.severity), "meaning": self.meaning,
+                "action": None if self.action is None else str(self.action), "remedy": self.remedy,
+                "evidence": self.evidence, "count": self.count}
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,7 @@ class ProbeReport:
     run_requested: str | None = None
     log: LogChunk | None = None
     gpus: GpuReport | None = None
+    gpus_series: tuple[GpuReport, ...] = ()  # --watch: every GPU reading since the last report, oldest first
     disk: DiskReport | None = None
     procs: tuple[ProcRecord, ...] = ()
     run_ids: tuple[str, ...] = ()
@@ -168,7 +169,7 @@ def _parse_log(doc: Mapping[str, Any]) -> LogChunk:
 def parse_gpus(doc: Mapping[str, Any]) -> GpuReport:
     return GpuReport(source=_str(doc.get("source")), nvml=tuple(r for r in _list(doc.get("nvml"))
                                                                   if isinstance(r, dict)),
-                     smi_csv=_str(doc.get("smi_csv")), error=_str(doc.get("error")))
+                     smi_csv=_str(doc.get("smi_csv")), error=_str(doc.get("error")), time=_float(doc.get("time")))
 
 
 def parse_proc(doc: Mapping[str, Any]) -> ProcRecord:
@@ -194,6 +195,7 @@ def parse_report(doc: Mapping[str, Any]) -> ProbeReport:
         probe_version=PROBE_VERSION, time=_float(doc.get("time")), hostname=_str(doc.get("hostname")),
         run=parse_run(run) if run is not None else None, run_requested=_str(doc.get("run_requested")),
         log=_parse_log(log) if log is not None else None, gpus=parse_gpus(gpus) if gpus is not None else None,
+        gpus_series=tuple(parse_gpus(g) for g in _list(doc.get("gpus_series")) if isinstance(g, dict)),
         disk=DiskReport(_str(disk.get("path")), _float(disk.get("free_mib")), _float(disk.get("total_mib")))
         if disk is not None else None,
         procs=tuple(parse_proc(p) for p in _list(doc.get("procs")) if isinstance(p, dict)),

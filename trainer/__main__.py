@@ -60,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    from trainer.threaddump import install as install_dump_signal  # SIGUSR1: every thread's stack, to stacks/
+
+    note = install_dump_signal(run_dir)
+    if note:
+        print(note, flush=True)
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     from trainer.dataset import DataError
     from trainer.devices import device_problem

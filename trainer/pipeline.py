@@ -41,6 +41,7 @@ from trainer.schedule import lr_at, resolve
 from trainer.streams import mark, receive, thread_streams
 from trainer.supervise import CRASHED, FINISHED, RUNNING, Fault, Supervisor
 from trainer.telemetry import Heartbeat, Progress, emit, log_line
+from trainer.threaddump import note_threads
 
 EXIT_OK, EXIT_FAILED, EXIT_SIGTERM = 0, 1, 143
 STOP_GRACE_S = 60.0
@@ -280,6 +281,7 @@ class Trainer:
 
     # ---- main thread -------------------------------------------------------------------------------------
     def _beat(self) -> None:
+        note_threads()  # the dump signal's thread names (trainer/threaddump.py), for threads started since
         try:
             self.heartbeat.write(self.progress, self.sup.snapshot(), self.counter.recompiles, self._phase)
         except OSError as e:
@@ -315,6 +317,7 @@ class Trainer:
         if self.start_step < cfg.train.steps and not self.sup.stop.is_set():
             for t in threads:
                 t.start()
+            note_threads()
         try:
             return self._supervise(threads)
         finally:

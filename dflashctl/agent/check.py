@@ -1,4 +1,4 @@
-"""`hosts check`, the container side: the python, nvidia-smi, whether the workspace is writable, free disk.
+"""`hosts check`, the container side: the python, nvidia-smi, whether the workspace is writable, free disk, py-spy.
 
 One report (lib/frame.py) judged on the laptop by dflashctl/commands/hosts.py. Runs under any Python 3 (no
 f-strings, no annotations): its job is to report an interpreter too old for the rest, not to fail on one.
@@ -27,6 +27,22 @@ def nvidia_smi():
             "gpus": [ln for ln in p.stdout.splitlines() if ln.startswith("GPU ")]}
 
 
+def py_spy():
+    """py-spy (what `dflashctl stacks` uses): on PATH or beside this interpreter, and its version."""
+    exe = shutil.which("py-spy")
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if exe is None and os.path.isfile(beside) and os.access(beside, os.X_OK):
+        exe = beside
+    if exe is None:
+        return None
+    try:
+        p = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"path": exe, "version": None, "error": str(e)}
+    return {"path": exe, "version": p.stdout.strip() or None, "error": None if p.returncode == 0 else
+            (p.stderr.strip().splitlines() or ["exit " + str(p.returncode)])[-1]}
+
+
 def workspace_writable(ws):
     try:
         os.makedirs(ws, exist_ok=True)
@@ -53,7 +69,8 @@ def disk(ws):
 def main(argv):
     ws = argv[0]
     return reply({"python": ".".join(map(str, sys.version_info[:3])), "executable": sys.executable,
-                  "nvidia_smi": nvidia_smi(), "workspace": workspace_writable(ws), "disk": disk(ws)})
+                  "nvidia_smi": nvidia_smi(), "workspace": workspace_writable(ws), "disk": disk(ws),
+                  "py_spy": py_spy()})
 
 
 if __name__ == "__main__":

@@ -12,30 +12,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflashctl.analysis import signatures
+from dflashctl.analysis.gpuwindow import (
+    IDLE_HELD,
+    STALL_SHAPES,
+    GpuStatus,
+    GpuSweep,
+    StallShape,
+    Thresholds,
+    judge_gpus,
+    ranges,
+    shape_reason,
+    stall_shape,
+)
 from dflashctl.analysis.logscan import LogReport, Traceback, scan
 from dflashctl.analysis.verdict import ProcessState, recorded_end
-from dflashctl.model import GpuFinding, GpuProcess, GpuSample, SignatureHit, ThreadState, Verdict
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """What counts as idle, allocated, stalled. Defaults suit 80–141 GB training GPUs."""
-
-    idle_util_pct: float = 2.0  # ≤ this utilisation is "≈0 %"
-    allocated_mib: float = 1024.0  # ≥ this much memory used is "memory held"
-    idle_window_s: float = 60.0  # GPU findings look at samples this recent (all samples when times unknown)
-    stall_window_s: float = 300.0  # alive, no new step for this long → stalled
-    startup_grace_s: float = 1200.0  # alive, no first step after this long → stalled (compiling takes minutes)
-    hang_util_pct: float = 90.0  # NCCL hang shape: utilisation this high ...
-    hang_power_w: float = 150.0  # ... at a power draw this low (a spinning wait kernel, no math)
-
-
-@dataclass(frozen=True)
-class GpuSweep:
-    """All GPUs read at one moment."""
-
-    time: float | None
-    samples: tuple[GpuSample, ...]
+from dflashctl.model import GpuFinding, GpuProcess, SignatureHit, ThreadState, Verdict
 
 
 @dataclass
@@ -54,17 +45,6 @@ class Evidence:
 
 
 @dataclass
-class GpuStatus:
-    sample: GpuSample  # the latest reading
-    finding: GpuFinding | None  # None: not enough data (utilisation not available)
-    history: list[float | None] = field(default_factory=list)  # utilisation % over the window, oldest first
-
-    @property
-    def index(self) -> int:
-        return self.sample.index
-
-
-@dataclass
 class Health:
     verdict: Verdict
     reasons: list[str]
@@ -75,73 +55,15 @@ class Health:
     progress: dict[str, float]  # latest step, total, loss, tok/s, it/s, eta_s, acc_len … (log, else heartbeat)
     seconds_since_progress: float | None
     root_cause: str | None = None  # the worker (thread or rank) that failed first
+    stall_shape: StallShape | None = None  # stalled: what its GPUs show, "idle-held" | "spinning" (STALL_SHAPES)
+
+    @property
+    def stall_remedy(self) -> str | None:
+        return STALL_SHAPES[self.stall_shape].remedy if self.stall_shape is not None else None
 
     @property
     def exit_code(self) -> int:
         return self.verdict.exit_code
-
-
-# -- GPUs ----------------------------------------------------------------------------------------------
-
-
-def _window(sweeps: Sequence[GpuSweep], now: float | None, t: Thresholds) -> list[GpuSweep]:
-    if not sweeps:
-        return []
-    if now is None or any(s.time is None for s in sweeps):
-        return list(sweeps)
-    recent = [s for s in sweeps if s.time is not None and s.time >= now - t.idle_window_s]
-    return recent or [sweeps[-1]]  # a single (old) sample counts when that is all there is
-
-
-def judge_gpus(
-    sweeps: Sequence[GpuSweep],
-    now: float | None,
-    *,
-    run_alive: bool | None,
-    thresholds: Thresholds = Thresholds(),
-    gpu_processes: Sequence[GpuProcess] = (),
-    live_pids: frozenset[int] | None = None,
-) -> list[GpuStatus]:
-    """One GpuStatus per GPU of the latest sweep, judged over the window."""
-    t = thresholds
-    window = _window(sweeps, now, t)
-    if not window:
-        return []
-    by_index: dict[int, list[GpuSample]] = {}
-    for sw in window:
-        for s in sw.samples:
-            by_index.setdefault(s.index, []).append(s)
-    foreign_uuids = {p.gpu_uuid for p in gpu_processes if live_pids is not None and p.pid not in live_pids}
-    out = []
-    for s in window[-1].samples:
-        hist = by_index.get(s.index, [s])
-        held = all(x.memory_used_mib is not None and x.memory_used_mib >= t.allocated_mib for x in hist)
-        utils = [x.utilization_pct for x in hist]
-        finding: GpuFinding | None
-        if held and (run_alive is False or (s.uuid is not None and s.uuid in foreign_uuids)):
-            finding = GpuFinding.ORPHANED
-        elif any(u is None for u in utils):
-            finding = None
-        elif all(u <= t.idle_util_pct for u in utils if u is not None):
-            finding = GpuFinding.IDLE_ALLOCATED if held else GpuFinding.IDLE
-        else:
-            finding = GpuFinding.BUSY
-        out.append(GpuStatus(s, finding, utils))
-    return out
-
-
-def _nccl_hang_shape(gpus: list[GpuStatus], sweeps: Sequence[GpuSweep], t: Thresholds) -> bool:
-    """Every GPU that holds memory busy at low power for the whole window: a wait kernel spinning."""
-    held = [g for g in gpus if g.sample.memory_used_mib is not None and g.sample.memory_used_mib >= t.allocated_mib]
-    if not held:
-        return False
-    for g in held:
-        samples = [s for sw in sweeps for s in sw.samples if s.index == g.index]
-        if not samples or any(s.utilization_pct is None or s.power_w is None for s in samples):
-            return False
-        if not all(s.utilization_pct >= t.hang_util_pct and s.power_w <= t.hang_power_w for s in samples):
-            return False
-    return True
 
 
 # -- threads -------------------------------------------------------------------------------------------
@@ -267,8 +189,11 @@ def judge(ev: Evidence, thresholds: Thresholds = Thresholds()) -> Health:
     proc = ev.process
     threads, extra_hits = _threads(ev.log, ev.errors, ev.heartbeat)
     crashed = [x for x in threads if x.state == "crashed"]
-    gpus = judge_gpus(ev.sweeps, ev.now, run_alive=proc.alive, thresholds=t,
-                      gpu_processes=ev.gpu_processes, live_pids=ev.live_pids)
+    since = None
+    if ev.now is not None and ev.last_progress_time is not None:
+        since = max(0.0, ev.now - ev.last_progress_time)
+    gpus = judge_gpus(ev.sweeps, ev.now, run_alive=proc.alive, thresholds=t, gpu_processes=ev.gpu_processes,
+                      live_pids=ev.live_pids, stepping=since is not None and since < t.idle_window_s)
     hits = active_hits(ev.log, extra_hits)
     final_tb = _final_main_traceback(ev.log)
     final_exception = ev.log.final_exception if ev.log is not None else None
@@ -276,9 +201,6 @@ def judge(ev: Evidence, thresholds: Thresholds = Thresholds()) -> Health:
         final_exception = next((x.exception for x in reversed(crashed) if x.exception), None)
     root_cause = _root_cause(ev.log, crashed)
     progress = _progress(ev.log, ev.heartbeat)
-    since = None
-    if ev.now is not None and ev.last_progress_time is not None:
-        since = max(0.0, ev.now - ev.last_progress_time)
     reasons: list[str] = []
     crashed_names = ", ".join(x.name for x in crashed)
 
@@ -316,15 +238,20 @@ def judge(ev: Evidence, thresholds: Thresholds = Thresholds()) -> Health:
                            "before it records the exit code")
         reasons += why
 
+    shape = stall_shape(gpus, t) if verdict == Verdict.STALLED else None  # a stall reason named it already
     idle_alloc = [g.index for g in gpus if g.finding == GpuFinding.IDLE_ALLOCATED]
-    if idle_alloc and verdict not in (Verdict.STALLED,):
-        reasons.append(f"GPU(s) {_ranges(idle_alloc)} hold memory at ≈0 % utilisation")
+    if idle_alloc and verdict != Verdict.STALLED:
+        reasons.append(f"GPU(s) {ranges(idle_alloc)} hold memory at ≈0 % utilisation")
+    spinning = [g.index for g in gpus if g.finding == GpuFinding.SPINNING]
+    if spinning and shape is None:
+        reasons.append(f"GPU(s) {ranges(spinning)} spinning: ≈100 % utilisation at near-idle power, no new step "
+                       "(waiting in a collective?)")
     orphaned = [g.index for g in gpus if g.finding == GpuFinding.ORPHANED]
     if orphaned:
-        reasons.append(f"GPU(s) {_ranges(orphaned)} hold memory that belongs to no live run")
+        reasons.append(f"GPU(s) {ranges(orphaned)} hold memory that belongs to no live run")
     if root_cause is not None and len(crashed) > 1:
         reasons.append(f"first to fail: {root_cause}")
-    return Health(verdict, reasons, threads, gpus, hits, final_exception, progress, since, root_cause)
+    return Health(verdict, reasons, threads, gpus, hits, final_exception, progress, since, root_cause, shape)
 
 
 def _root_cause(log: LogReport | None, crashed: list[ThreadState]) -> str | None:
@@ -344,37 +271,21 @@ def _liveness(ev: Evidence, gpus: list[GpuStatus], progress: dict[str, float], s
     """Alive (or unknown) with no crashed thread: training, starting, or stalled."""
     if ev.process.job is not None:  # no steps to count: running is all there is to say until it ends
         return Verdict.TRAINING, [f"{ev.process.job} (not a training run: no steps to wait for)"]
-    held = [g for g in gpus if g.sample.memory_used_mib is not None and g.sample.memory_used_mib >= t.allocated_mib]
-    all_idle_alloc = bool(held) and all(g.finding == GpuFinding.IDLE_ALLOCATED for g in held)
-    window = _window(ev.sweeps, ev.now, t)
-    no_recent_progress = since is None or since >= t.idle_window_s
+    shape = stall_shape(gpus, t)
+    why = [shape_reason(gpus, shape, t)] if shape is not None else []
     if since is not None and since >= t.stall_window_s and progress:
-        return Verdict.STALLED, [f"no new step for {since:.0f} s (stall window {t.stall_window_s:.0f} s)"]
+        return Verdict.STALLED, [f"no new step for {since:.0f} s (stall window {t.stall_window_s:.0f} s)", *why]
     if (not progress and ev.process.started_at is not None and ev.now is not None
             and ev.now - ev.process.started_at >= t.startup_grace_s):
-        return Verdict.STALLED, [f"no first step {ev.now - ev.process.started_at:.0f} s after start"]
-    # Compiling and loading also hold memory at 0 %: before the first step that is "starting" until the grace.
-    if all_idle_alloc and no_recent_progress and (progress or ev.process.started_at is None):
-        return Verdict.STALLED, [f"every GPU holding memory is at ≈0 % ({_ranges([g.index for g in held])})"
-                                 + ("" if since is None else f", no new step for {since:.0f} s")]
-    if (since is None or since >= t.stall_window_s) and _nccl_hang_shape(gpus, window, t):
-        return Verdict.STALLED, ["GPUs busy at low power with no progress: the shape of an NCCL/collective hang"]
+        return Verdict.STALLED, [f"no first step {ev.now - ev.process.started_at:.0f} s after start", *why]
+    # Compiling and loading also hold memory at 0 % (and a first collective may spin): before the first step that
+    # is "starting" until the grace.
+    started = bool(progress) or ev.process.started_at is None
+    quiet_for = t.idle_window_s if shape == IDLE_HELD else t.stall_window_s
+    if shape is not None and started and (since is None or since >= quiet_for):
+        return Verdict.STALLED, [why[0] + ("" if since is None else f", no new step for {since:.0f} s")]
     if progress:
         # why it counts as training (the step itself is in the progress fields, not repeated here)
         return Verdict.TRAINING, [f"last new step {since:.0f} s ago" if since is not None
                                   else "steps logged, no sign of a stall"]
     return Verdict.STARTING, ["no training step yet"]
-
-
-def _ranges(indices: Sequence[int]) -> str:
-    """[0,1,2,3,5] → '0-3,5'."""
-    xs = sorted(set(indices))
-    parts = []
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ",".join(parts)

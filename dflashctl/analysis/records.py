@@ -23,6 +23,8 @@ def to_record(h: Health) -> dict[str, Any]:
         "verdict": str(h.verdict),
         "final_exception": h.final_exception,
         "root_cause": h.root_cause,
+        "stall_shape": h.stall_shape,  # stalled: "idle-held" | "spinning" (docs/failures.md), else null
+        "stall_remedy": h.stall_remedy,
         "progress": progress_record(h.progress),
         "threads": [
             {"name": t.name, "state": t.state, "exception": t.exception, "message": t.message,

@@ -2,8 +2,8 @@
 `status` and the container's sentinel.
 
 `Watcher` holds what must survive between probe reports (the log scanner and its offset, GPU samples over the
-window, when the step last moved); each `update` turns one report into a judged `StatusView`, from which the
-table, `--json` and the sentinel's events are all built.
+window, each GPU's readings per report reduced to min/mean/max, when the step last moved); each `update` turns one
+report into a judged `StatusView`, from which the table, `--json` and the sentinel's events are all built.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflashctl.analysis.gpus import from_probe
+from dflashctl.analysis.gpuwindow import SERIES, Span, reduce_interval
 from dflashctl.analysis.health import Evidence, GpuSweep, Health, Thresholds, judge
 from dflashctl.analysis.logscan import LogScanner
 from dflashctl.analysis.records import to_record
@@ -22,7 +23,7 @@ from dflashctl.analysis.verdict import JOB_KINDS, EndWatch, ProcessState
 from dflashctl.model import Verdict
 from dflashctl.report import ProbeReport, RunRecord
 
-HISTORY = 120  # GPU sweeps kept (utilisation history in watch mode)
+HISTORY = 120  # GPU sweeps kept (the judge's window), and report intervals of each GPU's series (the watch's view)
 
 
 @dataclass
@@ -73,7 +74,9 @@ class StatusView:
             "restart_pending": self.restart_pending,
         }
         rec.update(to_record(self.health))
-        rec["gpus"] = [dict(g, history=h.history) for g, h in zip(rec["gpus"], self.health.gpus, strict=True)]
+        rec["gpus"] = [dict(g, history=h.history, series={k: [None if x is None else list(x) for x in xs]
+                                                          for k, xs in h.series.items()})
+                       for g, h in zip(rec["gpus"], self.health.gpus, strict=True)]
         return rec
 
 
@@ -104,6 +107,32 @@ def gpu_sweep(doc: ProbeReport) -> tuple[GpuSweep | None, str | None]:
     return (GpuSweep(doc.time, samples) if samples is not None else None), error
 
 
+def interval_sweeps(doc: ProbeReport, sweep: GpuSweep | None) -> list[GpuSweep]:
+    """Every GPU reading of the report's interval (a watch probe's gpus_series), else the report's one reading."""
+    out = []
+    for piece in doc.gpus_series:
+        t = piece.time if piece.time is not None else doc.time
+        samples, _ = from_probe(piece, t)
+        if samples is not None:
+            out.append(GpuSweep(t, samples))
+    return out or ([sweep] if sweep is not None else [])
+
+
+@dataclass
+class GpuSeries:
+    """One GPU's readings per report interval, reduced to (min, mean, max): HISTORY intervals per SERIES key."""
+
+    spans: dict[str, deque[Span | None]] = field(
+        default_factory=lambda: {k: deque(maxlen=HISTORY) for k in SERIES})
+
+    def add(self, reduced: dict[str, Span | None] | None) -> None:
+        for k, xs in self.spans.items():
+            xs.append(None if reduced is None else reduced.get(k))
+
+    def lists(self) -> dict[str, list[Span | None]]:
+        return {k: list(xs) for k, xs in self.spans.items()}
+
+
 @dataclass
 class Watcher:
     """State carried from one probe report to the next."""
@@ -112,6 +141,7 @@ class Watcher:
     thresholds: Thresholds = field(default_factory=Thresholds)
     scanner: LogScanner = field(default_factory=LogScanner)
     sweeps: deque[GpuSweep] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    series: dict[int, GpuSeries] = field(default_factory=dict)  # by GPU index
     next_offset: int | None = None
     inode: int | None = None
     run_id: str | None = None
@@ -155,6 +185,7 @@ class Watcher:
         sweep, gpu_error = gpu_sweep(doc)
         if sweep is not None:
             self.sweeps.append(sweep)
+        self._keep_series(interval_sweeps(doc, sweep))
         report = self.scanner.report()
         hb = run.heartbeat if run else None
         stepped = report.last_step_point  # a dict line without a step (HF Trainer) between two bars is no new step
@@ -171,6 +202,9 @@ class Watcher:
                       errors=run.errors if run else {}, heartbeat=hb,
                       last_progress_time=progress_time)
         health = judge(ev, self.thresholds)
+        for g in health.gpus:
+            if g.index in self.series:
+                g.series = self.series[g.index].lists()
         started = process.started_at
         ending = self.end.see(process, now) if run and now is not None else "running"
         settling = self.live and health.verdict == Verdict.LOST and ending == "settling"
@@ -184,6 +218,12 @@ class Watcher:
         )
         self.last = view
         return view
+
+    def _keep_series(self, sweeps: list[GpuSweep]) -> None:
+        """One more interval for every GPU: its readings reduced, None for a GPU known before that has none now."""
+        reduced = reduce_interval(sw.samples for sw in sweeps)
+        for i in sorted(set(reduced) | set(self.series)):
+            self.series.setdefault(i, GpuSeries()).add(reduced.get(i))
 
     def reconnecting(self, why: str) -> StatusView | None:
         """The last view, marked as waiting for the connection to come back."""

@@ -1,7 +1,7 @@
 """The typer app: parse, call one function in commands/, render, return an exit code. No logic.
 
-Each verb group registers itself from its own module (hosts.py, deploy.py, launch.py, runs.py, status.py); this
-module is the boundary that turns a DflashError into one line on stderr and its documented exit code.
+Each verb group registers itself from its own module (hosts.py, deploy.py, launch.py, runs.py, stacks.py,
+status.py); this module is the boundary that turns a DflashError into one line on stderr and its documented exit code.
 
 Shell completion is typer's: `--show-completion` prints the script for the shell it detects (shellingham: the
 parent processes), `--install-completion` writes it into that shell's startup file.
@@ -26,6 +26,7 @@ from dflashctl.cli import hosts as _hosts  # noqa: E402,F401
 from dflashctl.cli import deploy as _deploy  # noqa: E402,F401
 from dflashctl.cli import launch as _launch  # noqa: E402,F401
 from dflashctl.cli import runs as _runs  # noqa: E402,F401
+from dflashctl.cli import stacks as _stacks  # noqa: E402,F401
 from dflashctl.cli import status as _status  # noqa: E402,F401
 # isort: on
 

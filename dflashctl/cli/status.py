@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from dflashctl.analysis.gpuwindow import STALL_SHAPES, GpuStatus
 from dflashctl.analysis.health import Health
 from dflashctl.analysis.records import to_record
 from dflashctl.cli.app import app
@@ -29,16 +30,39 @@ VERDICT_STYLE = {
     Verdict.LOST: "bold red", Verdict.STOPPED: "blue",
 }
 FINDING_STYLE = {GpuFinding.BUSY: "green", GpuFinding.IDLE: "dim", GpuFinding.IDLE_ALLOCATED: "bold yellow",
-                 GpuFinding.ORPHANED: "bold red"}
+                 GpuFinding.SPINNING: "bold yellow", GpuFinding.ORPHANED: "bold red"}
 SPARK = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 16  # report intervals drawn per sparkline (the newest)
+# the watch's three histories: column title, series key, unit
+HISTORIES = (("utilisation history", "util", "%"), ("memory history", "memory_mib", "MiB"),
+             ("power history", "power_w", "W"))
 
 
 def _num(v: float | None, fmt: str = "{:.0f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def _spark(values: list[float | None], width: int = 24) -> str:
-    return "".join(" " if v is None else SPARK[min(7, int(v / 100 * 7.999))] for v in values[-width:])
+def _spark(values: list[float | None], width: int = SPARK_WIDTH, top: float = 100.0) -> str:
+    """One block per value, its height the value's share of `top` (blank: no reading)."""
+    top = top if top > 0 else 1.0
+    return "".join(" " if v is None else SPARK[max(0, min(7, int(v / top * 7.999)))] for v in values[-width:])
+
+
+def _history(g: GpuStatus, key: str, unit: str) -> str:
+    """The sparkline of each interval's mean, then the last interval's min–max (`status --watch`)."""
+    spans = g.series.get(key) or []
+    if not spans and key == "util":  # no series kept (not a watch): the window's utilisation readings
+        return _spark(g.history)
+    means = [None if x is None else x[1] for x in spans]
+    top = 100.0
+    if key == "memory_mib":
+        top = g.sample.memory_total_mib or max((x[2] for x in spans if x is not None), default=1.0)
+    elif key == "power_w":
+        top = max((x[2] for x in spans[-SPARK_WIDTH:] if x is not None), default=1.0)
+    last = spans[-1] if spans else None
+    span = "-" if last is None else f"{last[0]:.0f}–{last[2]:.0f} {unit}" if round(last[0]) != round(last[2]) \
+        else f"{last[2]:.0f} {unit}"
+    return f"{_spark(means, top=top):<{SPARK_WIDTH}} {span}"
 
 
 def _clock(seconds: float) -> str:
@@ -100,20 +124,28 @@ def render(title: str, health: Health, *, extra: list[str] = (), history: bool =
         for col in ("gpu", "memory used/total", "util", "power", "finding"):
             gt.add_column(col, justify="right" if col != "finding" else "left")
         if history:
-            gt.add_column("utilisation history")
+            for title, _, _ in HISTORIES:
+                gt.add_column(title, no_wrap=True)
         for g in health.gpus:
             s = g.sample
             mem = f"{_num(s.memory_used_mib)} / {_num(s.memory_total_mib)} MiB"
             finding = Text(str(g.finding) if g.finding else "-", style=FINDING_STYLE.get(g.finding, "dim"))
             row = [str(s.index), mem, f"{_num(s.utilization_pct)} %", f"{_num(s.power_w)} W", finding]
             if history:
-                row.append(_spark(g.history))
+                row += [_history(g, key, unit) for _, key, unit in HISTORIES]
             gt.add_row(*row)
         parts.append(gt)
     if gpu_note:
         parts.append(Text(f"GPUs: {gpu_note}", style="dim" if not health.gpus else "yellow"))
-    if health.hits:
+    if health.hits or health.stall_shape:
         parts.append(Text("diagnosis", style="bold"))
+    if health.stall_shape:  # how the GPUs look while nothing moves: the remedy differs by shape
+        shape = STALL_SHAPES[health.stall_shape]
+        line = Text("  ")
+        line.append(f"stall: {shape.id}", style="bold yellow")
+        line.append(f"  {shape.summary}")
+        parts += [line, Text(f"    what to do: {shape.remedy}")]
+    if health.hits:
         for h in health.hits:
             line = Text("  ")
             line.append(h.signature.id, style="bold red")
@@ -188,6 +220,9 @@ def status(
     watch: bool = typer.Option(False, "--watch", "-w", help="live view, redrawn in place (streaming probe)"),
     interval: float = typer.Option(1.0, "--interval", "-i", min=0.1, max=3600, metavar="SEC",
                                    help="seconds between reports in --watch"),
+    gpu_interval: float | None = typer.Option(None, "--gpu-interval", metavar="SEC",
+                                              help="with --watch: read the GPUs this often (≤ --interval; default: "
+                                                   "once a report); the histories show each report's min/mean/max"),
     exit_on_failure: bool = typer.Option(False, "--exit-on-failure",
                                          help="with --watch: exit with the verdict's code once the run "
                                               "crashes, loses a thread or stalls"),
@@ -206,6 +241,12 @@ def status(
         raise ConfigError("--exit-on-failure needs --watch", hint="one-shot status already exits with the verdict")
     if notify_desktop and not watch:
         raise ConfigError("--notify-desktop needs --watch", hint="dflashctl status --watch --notify-desktop")
+    if gpu_interval is not None:
+        if not watch:
+            raise ConfigError("--gpu-interval needs --watch", hint="one-shot status reads the GPUs once")
+        if not 0 < gpu_interval <= interval:
+            raise ConfigError(f"--gpu-interval {gpu_interval:g} must be above 0 and at most --interval ({interval:g})",
+                              hint="e.g. dflashctl status --watch --gpu-interval 0.2")
     inv = _load_hosts(hosts)
     h = inv.get(host)
     from dflashctl.remote import connect
@@ -219,7 +260,7 @@ def status(
             _print(render_view(v, events=None if events else 5))
         raise Exit(v.exit_code)
     _watch(lambda: connect(h), run, interval, json_, exit_on_failure, None if events else 5,
-           _Desktop() if notify_desktop else None)
+           _Desktop() if notify_desktop else None, gpu_interval)
 
 
 class _Desktop:
@@ -242,10 +283,10 @@ class _Desktop:
 
 
 def _watch(connect, run: str | None, interval: float, json_: bool, exit_on_failure: bool,  # noqa: ANN001
-           events: int | None = 5, desktop: _Desktop | None = None) -> None:
+           events: int | None = 5, desktop: _Desktop | None = None, gpu_interval: float | None = None) -> None:
     from rich.live import Live
 
-    views = status_cmd.watch(connect, run, interval=interval)
+    views = status_cmd.watch(connect, run, interval=interval, gpu_interval=gpu_interval)
     last = None
     saved_width = console.width
     try:
@@ -305,8 +346,9 @@ def _status_all(hosts: Path | None, json_: bool) -> None:
         hh = ln.view.health
         crashed = [th.name for th in hh.threads if th.state == "crashed"]
         findings = [g.finding for g in hh.gpus]
-        gpus = f"{len(hh.gpus)}" + (f" ({findings.count(GpuFinding.IDLE_ALLOCATED)} idle-allocated)"
-                                    if GpuFinding.IDLE_ALLOCATED in findings else "")
+        flagged = [f"{findings.count(f)} {f}" for f in (GpuFinding.IDLE_ALLOCATED, GpuFinding.SPINNING)
+                   if f in findings]
+        gpus = f"{len(hh.gpus)}" + (f" ({', '.join(flagged)})" if flagged else "")
         t.add_row(ln.host, ln.view.run_id or "-", Text(str(hh.verdict), style=VERDICT_STYLE[hh.verdict]),
                   _num(hh.progress.get("step")), _num(hh.progress.get("tok/s"), "{:.1f}"),
                   f"{len(crashed)} crashed" if crashed else str(len(hh.threads)), gpus,

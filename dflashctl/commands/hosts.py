@@ -1,9 +1,10 @@
 """`hosts check`: is each host ready to run training? Plain functions; they print nothing.
 
 A check is: connect, the container is running, python is new enough, nvidia-smi is present and how
-many GPUs it lists, the workspace is writable, free disk. Everything after "connect" and
-"container" is gathered by one stdlib program sent on stdin (dflashctl/agent/check.py: one round trip
-per host). Hosts are checked concurrently: a dead host costs its connect timeout once, not once per host.
+many GPUs it lists, the workspace is writable, free disk, py-spy is there (for `stacks`; a warning when it is not).
+Everything after "connect" and "container" is gathered by one stdlib program sent on stdin
+(dflashctl/agent/check.py: one round trip per host). Hosts are checked concurrently: a dead host costs its connect
+timeout once, not once per host.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dflashctl.remote import connect
 from dflashctl.remote.scripts import module_source, parse_replies
 
 Status = Literal["ok", "warn", "fail", "skip"]
-CHECKS = ("connect", "container", "python", "gpus", "workspace", "disk")
+CHECKS = ("connect", "container", "python", "gpus", "workspace", "disk", "py-spy")
 MIN_PYTHON = (3, 10)  # torch 2.13 and the trainer need it
 GiB = 1024**3
 DISK_FAIL_BYTES = 1 * GiB
@@ -149,7 +150,18 @@ def _judge(host: Host, info: dict[str, Any]) -> list[Check]:
         checks.append(Check("disk", status, text))
     else:
         checks.append(Check("disk", "fail", f"cannot measure free disk ({disk.get('error', 'unknown')})"))
+    checks.append(_judge_py_spy(info.get("py_spy")))
     return checks
+
+
+def _judge_py_spy(spy: dict[str, Any] | None) -> Check:
+    """`dflashctl stacks` works without py-spy only for our trainer (its dump signal): a warning, never a failure."""
+    if spy is None:
+        return Check("py-spy", "warn", "not found: `dflashctl stacks` then reads only dflashctl's trainer (its dump "
+                                       "signal); install it in the container with `pip install py-spy`")
+    if spy.get("error"):
+        return Check("py-spy", "warn", f"{spy.get('path')} does not run: {spy['error']}")
+    return Check("py-spy", "ok", f"{spy.get('version') or 'py-spy'} ({spy.get('path')})")
 
 
 def _judge_gpus(host: Host, smi: dict[str, Any] | None) -> Check:

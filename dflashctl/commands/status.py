@@ -58,11 +58,12 @@ def with_events(view: StatusView, doc: ProbeReport) -> StatusView:
 
 def watch(connect: Callable[[], Target], run: str | None = None, *, interval: float = 1.0,
           thresholds: Thresholds = Thresholds(), log_max: int = probe.DEFAULT_LOG_MAX,
-          sleep: Callable[[float], None] = time.sleep) -> Iterator[StatusView]:
+          sleep: Callable[[float], None] = time.sleep, gpu_interval: float | None = None) -> Iterator[StatusView]:
     """Views from one streaming probe, forever (the caller stops). A dropped connection yields the
     last view marked "reconnecting", then reconnects with backoff and resumes at the last log offset.
     An attempt that ended with a restart pending (its sentinel asked for one) is followed by the next attempt:
-    the watch moves to the run `latest` names once it is another."""
+    the watch moves to the run `latest` names once it is another. gpu_interval: the probe reads the GPUs this
+    often and each view's GPU series reduces an interval's readings (default: one reading per report)."""
     target = connect()
     w: Watcher | None = None
     failures = 0
@@ -77,7 +78,8 @@ def watch(connect: Callable[[], Target], run: str | None = None, *, interval: fl
                     w = Watcher(target.host.name, thresholds, live=True, scanner=LogScanner(host_progress(target.host)))
                     yield with_events(w.update(doc), doc)
                 for doc in probe.probe_stream(target, target.host.workspace, w.run_id, w.next_offset, interval,
-                                              log_max=log_max, log_inode=w.inode, events=True):
+                                              log_max=log_max, log_inode=w.inode, events=True,
+                                              gpu_interval=gpu_interval):
                     failures = 0
                     view = with_events(w.update(doc), doc)
                     if view.restart_pending:

@@ -7,7 +7,8 @@ framed reply line (agent/lib/frame.py); anything else on stdout (login banners, 
 by the one parser, scripts.parse_reply.
 
 Arguments: --workspace W [--run RUN|latest] [--log-offset N] [--log-inode I] [--log-max BYTES]
-[--gpus] [--events] [--procs [--pid P ...]] [--runs] [--host-gpu-procs CTID] [--watch --interval S].
+[--gpus] [--events] [--procs [--pid P ...]] [--runs] [--host-gpu-procs CTID] [--watch --interval S
+[--gpu-interval S]].
 Fields (the contract with `status`): probe_version, time, hostname, run, log, gpus, procs; and,
 added for the lifecycle verbs: run_requested (what --run asked for), disk {path, free_mib,
 total_mib}, run.ended_at (mtime of exit_code), run.ending and run.supervisor_pid (run.alive stays
@@ -18,7 +19,9 @@ plus log_size and log_tail_b64, its last bytes), events_b64 (with --events: the 
 last 64 KiB), run.restart (restart.json: the sentinel asked for another attempt), run.stopped_by (the
 `stopped` marker), host_gpu_procs (with --host-gpu-procs, run on the Proxmox host:
 {csv, procs: [{pid, ns_pid, used_memory_mib, gpu_uuid, in_container}], error}).
-log.mtime is train.log's modification time (when it last grew).
+log.mtime is train.log's modification time (when it last grew). With --watch --gpus, gpus_series: every GPU
+reading since the previous report (one per --gpu-interval, default the interval), oldest first, each a `gpus`
+piece plus its `time`; the last is the report's own `gpus`.
 The log: with --log-offset the bytes from there (at most --log-max); without, the last --log-max
 bytes; a file that shrank below the offset or changed inode is read from 0 with "rotated": true.
 The probe never reports itself or its ancestors (the caller) in procs. gpus.smi_csv is nvidia-smi's
@@ -126,10 +129,11 @@ def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset
 
 def probe_stream(target: Target, workspace: str, run: str | None, log_offset: int | None, interval: float,
                  *, procs: bool = False, gpus: bool = True, log_max: int = DEFAULT_LOG_MAX,
-                 log_inode: int | None = None, events: bool = False) -> Iterator[ProbeReport]:
+                 log_inode: int | None = None, events: bool = False,
+                 gpu_interval: float | None = None) -> Iterator[ProbeReport]:
     """stream_docs, each report typed. Close the iterator to stop the probe."""
     docs = stream_docs(target, workspace, run, log_offset, interval, procs=procs, gpus=gpus, log_max=log_max,
-                       log_inode=log_inode, events=events)
+                       log_inode=log_inode, events=events, gpu_interval=gpu_interval)
     try:
         for doc in docs:
             yield parse_report(doc)
@@ -139,14 +143,18 @@ def probe_stream(target: Target, workspace: str, run: str | None, log_offset: in
 
 def stream_docs(target: Target, workspace: str, run: str | None, log_offset: int | None, interval: float,
                 *, procs: bool = False, gpus: bool = True, log_max: int = DEFAULT_LOG_MAX,
-                log_inode: int | None = None, events: bool = False) -> Generator[dict, None, None]:
+                log_inode: int | None = None, events: bool = False,
+                gpu_interval: float | None = None) -> Generator[dict, None, None]:
     """One report per interval from a single long-running probe (no per-poll `pct exec` cost); each
     carries only the log bytes new since the previous one. Close the iterator to stop the probe.
     log_inode: the inode the offset belongs to, so a log rotated between reconnects (a new file that
-    may already be larger than the offset) is read again from 0 instead of from the old offset."""
+    may already be larger than the offset) is read again from 0 instead of from the old offset.
+    gpu_interval: read the GPUs this often between reports (each report's gpus_series; default: once a report)."""
     args = probe_args(workspace, run, log_offset, procs=procs, gpus=gpus, log_max=log_max, log_inode=log_inode,
                       events=events)
     args += ["--watch", "--interval", f"{interval:g}"]
+    if gpu_interval is not None:
+        args += ["--gpu-interval", f"{gpu_interval:g}"]
     lines = target.stream([target.host.python, "-", *args], stdin=build_script().encode())
     got = False
     try:

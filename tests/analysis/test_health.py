@@ -149,3 +149,94 @@ def test_error_files_are_a_second_source_of_thread_crashes() -> None:
                       "drafter-1": ("crashed", "torch.OutOfMemoryError")}
     assert [x.signature.id for x in h.hits] == ["cuda-oom"]
     assert h.final_exception == "torch.OutOfMemoryError"
+
+
+# -- the two stall shapes, told apart -------------------------------------------------------------------------------
+
+
+def _alive(sweeps: list[GpuSweep], last_step: float | None, *, started_at: float | None = None) -> Evidence:
+    return Evidence(now=1000.0, process=ProcessState(alive=True, started_at=started_at), log=scan(LOG), sweeps=sweeps,
+                    last_progress_time=last_step)
+
+
+def _sweeps(*gpus: tuple[float, float | None], times: tuple[float, ...] = (950.0, 980.0, 1000.0)) -> list[GpuSweep]:
+    """The same readings at each time: one (utilisation %, power W) per GPU, every one holding 80 GB."""
+    return [GpuSweep(t, tuple(_gpu(i, 80000, u, p) for i, (u, p) in enumerate(gpus))) for t in times]
+
+
+def test_idle_with_memory_held_is_its_own_shape_with_its_own_remedy() -> None:
+    h = judge(_alive(_sweeps((0, 70.0), (1, 72.0)), last_step=1000.0 - 61))
+    assert h.verdict == Verdict.STALLED and h.stall_shape == "idle-held"
+    assert [g.finding for g in h.gpus] == [GpuFinding.IDLE_ALLOCATED] * 2
+    assert h.reasons == ["idle with memory held: every GPU holding memory is at ≈0 % (0-1), no new step for 61 s"]
+    assert "dflashctl stacks" in h.stall_remedy and "data loader" in h.stall_remedy
+    assert "NCCL" not in h.stall_remedy
+
+
+def test_spinning_at_low_power_is_its_own_shape_with_its_own_remedy() -> None:
+    h = judge(_alive(_sweeps((100, 95.0), (99, 101.0)), last_step=1000.0 - 301))
+    assert h.verdict == Verdict.STALLED and h.exit_code == 104 and h.stall_shape == "spinning"
+    assert [g.finding for g in h.gpus] == [GpuFinding.SPINNING] * 2
+    assert h.reasons[0] == "no new step for 301 s (stall window 300 s)"
+    assert h.reasons[1].startswith("spinning: GPU(s) 0-1 at ≈100 % utilisation at near-idle power (≤ 150 W)")
+    for needle in ("every rank", "NCCL_DEBUG=INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "timeout"):
+        assert needle in h.stall_remedy
+    assert "data loader" not in h.stall_remedy
+
+
+def test_a_step_of_unknown_age_with_spinning_gpus_is_stalled_at_once_as_before() -> None:
+    h = judge(Evidence(now=None, log=scan(LOG), sweeps=[GpuSweep(None, (_gpu(0, 80000, 100, 95.0),))]))
+    assert h.verdict == Verdict.STALLED and h.stall_shape == "spinning"
+    assert h.reasons == ["spinning: GPU(s) 0 at ≈100 % utilisation at near-idle power (≤ 150 W): the shape of a dead "
+                         "collective or a spin-wait kernel"]
+
+
+def test_spinning_ranks_beside_an_idle_one_are_the_spinning_shape_and_name_both() -> None:
+    h = judge(_alive(_sweeps((0, 70.0), (100, 95.0), (100, 96.0)), last_step=1000.0 - 301))
+    assert [g.finding for g in h.gpus] == [GpuFinding.IDLE_ALLOCATED, GpuFinding.SPINNING, GpuFinding.SPINNING]
+    assert h.verdict == Verdict.STALLED and h.stall_shape == "spinning"
+    assert "GPU(s) 1-2 at ≈100 %" in h.reasons[1] and "while GPU(s) 0 sit at ≈0 % with memory held" in h.reasons[1]
+
+
+def test_spinning_before_the_stall_window_is_a_finding_and_a_reason_not_yet_a_verdict() -> None:
+    h = judge(_alive(_sweeps((100, 95.0)), last_step=1000.0 - 120))
+    assert h.verdict == Verdict.TRAINING and h.stall_shape is None
+    assert [g.finding for g in h.gpus] == [GpuFinding.SPINNING]
+    assert h.reasons == ["last new step 120 s ago",
+                         "GPU(s) 0 spinning: ≈100 % utilisation at near-idle power, no new step (waiting in a "
+                         "collective?)"]
+
+
+def test_busy_at_low_power_while_stepping_is_a_light_workload_not_a_spin() -> None:
+    h = judge(_alive(_sweeps((100, 95.0)), last_step=1000.0 - 5))
+    assert h.verdict == Verdict.TRAINING and h.stall_shape is None
+    assert [g.finding for g in h.gpus] == [GpuFinding.BUSY] and h.reasons == ["last new step 5 s ago"]
+
+
+def test_a_stall_at_full_power_has_no_shape() -> None:
+    h = judge(_alive(_sweeps((100, 650.0), (98, 640.0)), last_step=1000.0 - 301))
+    assert h.verdict == Verdict.STALLED and h.stall_shape is None and h.stall_remedy is None
+    assert h.reasons == ["no new step for 301 s (stall window 300 s)"]
+
+
+def test_spinning_before_the_first_step_is_starting_until_the_grace_runs_out() -> None:
+    spin = _sweeps((100, 95.0))
+    ev = Evidence(now=1000.0, process=ProcessState(alive=True, started_at=900.0), log=scan(b"init\n"), sweeps=spin)
+    h = judge(ev)
+    assert h.verdict == Verdict.STARTING and h.stall_shape is None and [g.finding for g in h.gpus] == [
+        GpuFinding.SPINNING]
+    ev.process = ProcessState(alive=True, started_at=1000.0 - Thresholds().startup_grace_s - 1)
+    h = judge(ev)
+    assert h.verdict == Verdict.STALLED and h.stall_shape == "spinning"
+    assert h.reasons[0].startswith("no first step") and h.reasons[1].startswith("spinning: ")
+
+
+def test_the_seed_scenario_stays_degraded_and_names_no_stall_shape() -> None:
+    h = judge(Evidence(now=None, log=scan((DATA / "seed_train.log").read_bytes()), sweeps=[seed_sweep()]))
+    assert h.verdict == Verdict.DEGRADED and h.stall_shape is None
+    assert "GPU(s) 0-7 hold memory at ≈0 % utilisation" in h.reasons
+
+
+def test_the_gpus_alone_of_the_seed_are_the_idle_held_shape() -> None:
+    h = judge(Evidence(now=None, sweeps=[seed_sweep()]))
+    assert h.verdict == Verdict.STALLED and h.stall_shape == "idle-held"

@@ -95,7 +95,8 @@ def test_hosts_check_passes_for_a_ready_container_and_counts_its_gpus(pve: PveEn
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == 1 and doc["ok"] is True
     checks = {c["name"]: c for c in doc["hosts"][0]["checks"]}
-    assert [c["status"] for c in checks.values()] == ["ok"] * 6
+    assert [c["status"] for name, c in checks.items() if name != "py-spy"] == ["ok"] * 6
+    assert checks["py-spy"]["status"] in ("ok", "warn")  # a warning when the image has no py-spy, never a failure
     assert checks["container"]["detail"] == f"CT {pve.ctid} running"
     assert checks["gpus"]["detail"] == "8 GPUs (NVIDIA H100 80GB HBM3)"
     assert checks["workspace"]["detail"] == "/workspace/dflash writable"
@@ -134,7 +135,24 @@ def test_hosts_check_runs_hosts_concurrently(pve: PveEnv, capsys) -> None:
     assert main(["hosts", "check", "--hosts", str(two), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [h["name"] for h in doc["hosts"]] == ["pve", "pve-b"]
-    assert all(c["status"] == "ok" for h in doc["hosts"] for c in h["checks"])
+    assert all(c["status"] == "ok" for h in doc["hosts"] for c in h["checks"] if c["name"] != "py-spy")
+
+
+def test_hosts_check_says_whether_py_spy_is_there_and_warns_when_it_is_not(local_host, capsys, tmp_path,
+                                                                          monkeypatch) -> None:
+    from harness.pyspy import py_spy_binary, without_py_spy
+
+    monkeypatch.setenv("PATH", without_py_spy(os.environ["PATH"]))
+    assert main(["hosts", "check", "local", "--json"]) == 0  # a warning passes
+    spy = next(c for c in json.loads(capsys.readouterr().out)["hosts"][0]["checks"] if c["name"] == "py-spy")
+    assert spy["status"] == "warn" and "pip install py-spy" in spy["detail"]
+    binary, why = py_spy_binary(tmp_path / "py-spy")
+    if binary is None:
+        pytest.skip(why)
+    monkeypatch.setenv("PATH", f"{binary.parent}{os.pathsep}{os.environ['PATH']}")
+    assert main(["hosts", "check", "local", "--json"]) == 0
+    spy = next(c for c in json.loads(capsys.readouterr().out)["hosts"][0]["checks"] if c["name"] == "py-spy")
+    assert spy["status"] == "ok" and spy["detail"].startswith("py-spy ") and str(binary) in spy["detail"]
 
 
 def test_hosts_check_of_the_local_host(local_host, capsys) -> None:

@@ -13,8 +13,10 @@ import pytest
 
 from dflashctl.agent.lib.frame import SENTINEL, frame
 from dflashctl.agent.probe.procs import host_gpu_procs
+from dflashctl.analysis.gpus import from_probe
 from dflashctl.errors import DflashError, NotFound
 from dflashctl.remote.probe import build_script, decode_log, parse_frames, probe_doc, stream_docs
+from dflashctl.report import parse_report
 
 from .conftest import write_config
 
@@ -125,6 +127,51 @@ def test_watch_mode_sends_only_new_bytes_each_interval(local_host):
     assert got == (rd / "train.log").read_bytes()
 
 
+def test_watch_with_a_gpu_interval_sends_every_reading_of_the_interval(local_host):
+    """--gpu-interval 0.2 with reports 1.5 s apart: each report carries several readings (up to 7; fewer where a
+    slow nvidia-smi call overruns its moment), each one nvidia-smi call (a frame of the stand-in), in order and none
+    twice; the last is the report's own `gpus`."""
+    ws = local_host.workspace_dir
+    make_run(ws, "r1", b"step=1\n")
+    local_host.set_gpu_frames([[{"memory.used": 40000 + k, "utilization.gpu": k % 101, "power.draw": 100.0 + k}]
+                               for k in range(200)])
+    docs = []
+    with local_host.connect() as t:
+        stream = stream_docs(t, str(ws), "r1", 0, 1.5, gpus=True, gpu_interval=0.2)
+        try:
+            for doc in stream:
+                docs.append(doc)
+                if len(docs) == 4:
+                    break
+        finally:
+            stream.close()
+    if docs[0]["gpus"]["source"] == "nvml":
+        pytest.skip("real NVML present: the scripted nvidia-smi is not what the probe reads here")
+    assert len(docs[0]["gpus_series"]) == 1  # the first report: its own reading only
+    readings = []
+    for doc in docs:
+        series = parse_report(doc).gpus_series
+        assert series[-1].smi_csv == doc["gpus"]["smi_csv"] and series[-1].time == doc["time"]
+        samples = [from_probe(g, g.time)[0][0] for g in series]
+        readings.append([int(s.memory_used_mib) - 40000 for s in samples])
+        times = [g.time for g in series]
+        assert times == sorted(times) and times[-1] - times[0] < 2 * 1.5
+    assert sum(readings, []) == list(range(sum(len(r) for r in readings)))  # every frame once, in order
+    assert all(len(r) >= 2 for r in readings[1:]) and max(len(r) for r in readings) >= 3, readings
+
+
+def test_watch_without_a_gpu_interval_sends_one_reading_a_report(local_host):
+    make_run(local_host.workspace_dir, "r1", b"")
+    local_host.set_gpus([{"memory.used": 88283, "utilization.gpu": 0}])
+    with local_host.connect() as t:
+        stream = stream_docs(t, str(local_host.workspace_dir), "r1", 0, 0.3, gpus=True)
+        try:
+            docs = [next(stream), next(stream)]
+        finally:
+            stream.close()
+    assert [len(d["gpus_series"]) for d in docs] == [1, 1]
+
+
 def test_a_reused_pid_does_not_make_a_dead_run_alive(local_host):
     ws = local_host.workspace_dir
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
@@ -164,8 +211,9 @@ def test_gpus_come_from_the_nvidia_smi_csv_when_nvml_is_absent(local_host):
         pytest.skip("real NVML present: the nvidia-smi fallback is not used here")
     assert g["source"] == "nvidia-smi" and g["error"] is None
     header, *lines = g["smi_csv"].splitlines()  # the CSV crosses with nvidia-smi's header: it names the columns
-    assert header == ("index, uuid, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%], "
-                      "power.draw [W]")
+    assert header.startswith("index, uuid, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%], "
+                             "power.draw [W], ")  # then the health columns (agent/probe/gpus.py SMI_HEALTH)
+    assert "ecc.errors.uncorrected.volatile.total" in header and g["smi_missing"] == []
     rows = [line.split(", ") for line in lines]
     assert [(r[0], r[3]) for r in rows] == [("0", "88283"), ("1", "512")]
 

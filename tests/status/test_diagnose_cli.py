@@ -24,8 +24,9 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]
 def test_seed_scenario_json_contract_and_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
     code, doc = run_json(capsys, str(SEED_LOG), "--gpus", str(SEED_GPUS))
     assert code == 105
-    assert set(doc) == {"schema", "verdict", "final_exception", "root_cause", "progress", "threads", "signatures",
-                        "gpus"}
+    assert set(doc) == {"schema", "verdict", "final_exception", "root_cause", "stall_shape", "stall_remedy",
+                        "progress", "threads", "signatures", "gpus"}
+    assert doc["stall_shape"] is None  # degraded: the dead threads are the cause, the idle GPUs their effect
     assert doc["schema"] == 1 and doc["verdict"] == "degraded"
     assert doc["root_cause"] == "drafter-0"  # the first of the three to fail
     assert doc["final_exception"] == "RuntimeError"
@@ -56,6 +57,7 @@ def test_seed_grep_output_alone_still_names_the_crashed_threads(capsys: pytest.C
 def test_gpus_alone_all_idle_allocated_is_stalled(capsys: pytest.CaptureFixture[str]) -> None:
     code, doc = run_json(capsys, "--gpus", str(SEED_GPUS))
     assert (code, doc["verdict"]) == (104, "stalled")
+    assert doc["stall_shape"] == "idle-held" and "dflashctl stacks" in doc["stall_remedy"]
 
 
 def test_table_output_names_threads_signature_and_remedy(capsys: pytest.CaptureFixture[str]) -> None:

@@ -90,3 +90,41 @@ def test_a_live_evaluation_run_says_what_it_evaluates_instead_of_waiting_for_a_f
     lines = text(doc).splitlines()
     assert "TRAINING" in lines[0]
     assert lines[1] == "  why: evaluating run 20261129-102000-tiny (not a training run: no steps to wait for)"
+
+
+def test_the_watch_draws_utilisation_memory_and_power_histories_with_the_last_intervals_min_max() -> None:
+    from status.test_watcher import smi
+
+    w = Watcher("local", live=True)
+    for k in range(4):  # four reports, three readings each: 10 %, 90 %, 97 % at 300, 600, 650 W
+        doc = report(1000.0 + k, STEPS, smi=smi((40000 + k * 1000, 97, 650.0)))
+        doc["gpus_series"] = [{"source": "nvidia-smi", "nvml": [], "smi_csv": smi((40000 + k * 1000, u, p)),
+                               "error": None, "time": 999.0 + k + j / 5}
+                              for j, (u, p) in enumerate([(10, 300.0), (90, 600.0), (97, 650.0)], 1)]
+        v = w.update(parse_report(doc))
+    out = io.StringIO()
+    Console(file=out, width=160, color_system=None, force_terminal=False).print(render_view(v, history=True))
+    lines = out.getvalue().splitlines()
+    header = next(ln for ln in lines if ln.startswith("gpu"))
+    assert header.split() == ["gpu", "memory", "used/total", "util", "power", "finding", "utilisation", "history",
+                              "memory", "history", "power", "history"]
+    row = next(ln for ln in lines if ln.lstrip().startswith("0 "))
+    # the means (65.7 %, 43000 of 143771 MiB, 516.7 W of the 650 W peak) as sparklines, then the last min–max
+    assert row.split()[10:] == ["▆▆▆▆", "10–97", "%", "▃▃▃▃", "43000", "MiB", "▇▇▇▇", "300–650", "W"], row
+    assert "history" not in text(report(1000.0, STEPS, smi=SMI_BUSY))  # one-shot: no histories
+
+
+def test_a_stall_names_its_shape_and_the_shapes_remedy() -> None:
+    spinning = "0, GPU-00000000-0000-4000-8000-000000000000, NVIDIA H200, 88283, 143771, 100, 95.00\n"
+    out = io.StringIO()
+    doc = report(1000.0, STEPS, smi=spinning)
+    del doc["log"]["mtime"]  # one look at a step of unknown age, GPUs spinning at 95 W
+    view = Watcher("local").update(parse_report(doc))
+    Console(file=out, width=160, color_system=None, force_terminal=False).print(render_view(view))
+    got = out.getvalue()
+    assert "STALLED" in got.splitlines()[0] and view.health.stall_shape == "spinning"
+    assert "  why: spinning: GPU(s) 0 at ≈100 % utilisation at near-idle power (≤ 150 W)" in got
+    assert "spinning  GPUs at ≈100 % utilisation at near-idle power" in got
+    assert "diagnosis\n  stall: spinning" in got and "NCCL_DEBUG=INFO" in got
+    assert view.to_record()["stall_shape"] == "spinning" and "TORCH_NCCL_ASYNC_ERROR_HANDLING" in \
+        view.to_record()["stall_remedy"]

@@ -122,9 +122,38 @@ def test_watch_json_lines_and_exit_on_failure(run, local_host, capsys, monkeypat
     assert docs[-1]["threads"][0]["name"] == "drafter-0"
 
 
+def test_watch_with_a_gpu_interval_reduces_each_reports_readings_in_json(run, local_host, capsys,  # noqa: ANN001
+                                                                         monkeypatch) -> None:
+    local_host.set_gpu_frames([[{"memory.used": 40000, "utilization.gpu": 10 + 80 * (k % 2), "power.draw": 300.0}]
+                               for k in range(400)])
+    from dflashctl.cli import status as status_cli
+
+    printed, docs = status_cli.print_json, []
+
+    def print_then_stop(doc: dict) -> None:  # Ctrl-C once a few reports came
+        printed(doc)
+        docs.append(doc)
+        if len(docs) == 4:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(status_cli, "print_json", print_then_stop)
+    assert main(["status", "--watch", "--json", "-i", "2", "--gpu-interval", "0.2"]) == 0
+    if docs[0]["gpus"][0]["power_w"] is None:
+        pytest.skip("real NVML present: the scripted nvidia-smi is not what the probe reads here")
+    series = docs[-1]["gpus"][0]["series"]
+    assert set(series) == {"util", "memory_mib", "power_w"} and len(series["util"]) == 4
+    # the first look (one-shot) and the stream's first report: one reading each; then each report's ~10, every
+    # nvidia-smi call alternating 10 % / 90 %
+    assert [lo == hi for lo, _, hi in series["util"][:2]] == [True, True]
+    assert [(lo, hi) for lo, _, hi in series["util"][2:]] == [(10, 90)] * 2
+    assert series["memory_mib"][-1] == [40000, 40000, 40000] and series["power_w"][-1] == [300, 300, 300]
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
-    [(["--exit-on-failure"], "--watch"), (["--all", "--watch"], "--all"), (["--interval", "0"], "interval")],
+    [(["--exit-on-failure"], "--watch"), (["--all", "--watch"], "--all"), (["--interval", "0"], "interval"),
+     (["--gpu-interval", "0.2"], "--watch"), (["--watch", "--gpu-interval", "0"], "--gpu-interval 0 must be above 0"),
+     (["--watch", "-i", "1", "--gpu-interval", "2"], "at most --interval (1)")],
 )
 def test_bad_option_combinations_are_usage_errors(argv: list[str], needle: str, local_host, capsys) -> None:  # noqa: ANN001
     assert main(["status", *argv]) == 2

@@ -99,3 +99,67 @@ def test_a_watch_does_not_call_a_run_lost_while_its_exit_code_is_being_written()
     w.update(parse_report(report(100.0, steps(1, 6), alive=False)))
     lost = w.update(parse_report(report(100.0 + EXIT_CODE_GRACE_S, offset=len(steps(1, 6)), alive=False)))
     assert lost.health.verdict == Verdict.LOST and not lost.settling and is_failure(lost)  # nobody wrote one
+
+
+# -- each GPU's history: every reading of a report interval reduced to (min, mean, max) ---------------------------
+
+SMI_HEADER = "index, uuid, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%], power.draw [W]\n"
+
+
+def smi(*gpus: tuple[float, float, float]) -> str:
+    """nvidia-smi CSV as the probe sends it: one (memory used MiB, utilisation %, power W) per GPU."""
+    rows = [f"{i}, GPU-{i:08x}-0000-4000-8000-{i:012x}, NVIDIA H200, {m:g}, 143771, {u:g}, {p:.2f}\n"
+            for i, (m, u, p) in enumerate(gpus)]
+    return SMI_HEADER + "".join(rows)
+
+
+def watched(t: float, readings: list[str], **kw: object) -> dict:
+    """A --watch report whose interval held these readings (the last is the report's own `gpus`)."""
+    doc = report(t, smi=readings[-1], **kw)
+    doc["gpus_series"] = [{"source": "nvidia-smi", "nvml": [], "smi_csv": r, "error": None, "time": t - 1 + k / 5}
+                          for k, r in enumerate(readings, 1)]
+    return doc
+
+
+def test_reduce_interval_is_min_mean_max_per_gpu_and_none_where_nothing_was_read() -> None:
+    from dflashctl.analysis.gpuwindow import reduce_interval
+    from dflashctl.model import GpuSample
+
+    got = reduce_interval([(GpuSample(0, memory_used_mib=100, utilization_pct=10, power_w=None),
+                            GpuSample(1, memory_used_mib=5, utilization_pct=None)),
+                           (GpuSample(0, memory_used_mib=300, utilization_pct=30, power_w=None),)])
+    assert got == {0: {"util": (10, 20, 30), "memory_mib": (100, 200, 300), "power_w": None},
+                   1: {"util": None, "memory_mib": (5, 5, 5), "power_w": None}}
+
+
+def test_the_watcher_keeps_each_gpus_reduced_series_per_report_oldest_first() -> None:
+    w = Watcher("pve", live=True)
+    w.update(parse_report(watched(100.0, [smi((1000, 10, 100), (2000, 0, 60)), smi((3000, 90, 300), (2000, 0, 60))])))
+    v = w.update(parse_report(watched(101.0, [smi((4000, 50, 200), (2000, 0, 60))] * 3)))
+    g0, g1 = v.health.gpus
+    assert g0.series == {"util": [(10, 50, 90), (50, 50, 50)], "memory_mib": [(1000, 2000, 3000), (4000, 4000, 4000)],
+                         "power_w": [(100, 200, 300), (200, 200, 200)]}
+    assert g1.series["util"] == [(0, 0, 0), (0, 0, 0)]
+    rec = v.to_record()["gpus"][0]  # --json: the same numbers, as lists
+    assert rec["series"]["util"] == [[10, 50, 90], [50, 50, 50]]
+    assert rec["utilization_pct"] == 50 and rec["history"] == [90, 50]  # the judge still sees one reading a report
+
+
+def test_a_report_without_a_series_is_one_reading_and_a_gpu_gone_from_a_report_is_a_gap() -> None:
+    w = Watcher("pve", live=True)
+    w.update(parse_report(report(100.0, smi=smi((1000, 10, 100), (2000, 20, 120)))))  # one-shot / older probe
+    v = w.update(parse_report(report(101.0, smi=smi((1000, 30, 110)))))  # GPU 1 fell off the bus
+    assert v.health.gpus[0].series["util"] == [(10, 10, 10), (30, 30, 30)]
+    assert w.series[1].lists()["util"] == [(20, 20, 20), None]
+    v = w.update(parse_report(report(102.0)))  # no readings at all this time: a gap in every series
+    assert v.health.gpus[0].series["power_w"] == [(100, 100, 100), (110, 110, 110), None]
+
+
+def test_the_series_keeps_the_last_history_intervals() -> None:
+    from dflashctl.analysis.watcher import HISTORY
+
+    w = Watcher("pve", live=True)
+    for k in range(HISTORY + 5):
+        v = w.update(parse_report(watched(100.0 + k, [smi((1000, k % 100, 100))])))
+    spans = v.health.gpus[0].series["util"]
+    assert len(spans) == HISTORY and spans[-1] == ((HISTORY + 4) % 100,) * 3 and spans[0] == (5, 5, 5)

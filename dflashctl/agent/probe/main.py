@@ -13,9 +13,10 @@ import time
 
 from dflashctl.agent.lib.frame import reply
 from dflashctl.agent.lib.runstate import list_runs, log_tail, resolve_run, run_ids, run_state
-from dflashctl.agent.probe.gpus import gpu_report
+from dflashctl.agent.probe.gpus import GpuReader, gpu_report
 from dflashctl.agent.probe.logtail import read_log
 from dflashctl.agent.probe.procs import host_gpu_procs, scan_procs
+from dflashctl.agent.probe.xid import xid_report
 
 PROBE_VERSION = 1  # the report's own version (its fields are the contract with `status`)
 EVENTS_MAX = 64 << 10  # of a run's events.jsonl (the sentinel's timeline: a few hundred bytes per event)
@@ -34,8 +35,11 @@ def parse_args(argv: list) -> argparse.Namespace:
     p.add_argument("--events", action="store_true", help="with --run: the run's events.jsonl (its last 64 KiB)")
     p.add_argument("--runs", action="store_true", help="list every run's state")
     p.add_argument("--host-gpu-procs", metavar="CTID", help="run on the Proxmox host: compute apps of CTID")
+    p.add_argument("--xid", action="store_true", help="the kernel log's NVRM Xid lines (run where it is readable)")
     p.add_argument("--watch", action="store_true")
     p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--gpu-interval", type=float, help="with --watch --gpus: read the GPUs this often (default: the "
+                                                       "interval); each report sends the readings since the last")
     return p.parse_args(argv)
 
 
@@ -50,7 +54,9 @@ def disk_free(path: str) -> dict | None:
             "total_mib": st.f_blocks * st.f_frsize / 1048576.0}
 
 
-def report(args: argparse.Namespace, offset, inode) -> dict:
+def report(args: argparse.Namespace, offset, inode, gpu_reader: GpuReader | None = None) -> dict:
+    """One report; gpu_reader: the GPU reader a --watch keeps (NVML handles, nvidia-smi's field list), else a
+    one-shot read."""
     doc = {"probe_version": PROBE_VERSION, "time": time.time(), "hostname": socket.gethostname(),
            "run": None, "run_requested": args.run, "log": None}
     if args.workspace:
@@ -66,7 +72,7 @@ def report(args: argparse.Namespace, offset, inode) -> dict:
         if args.runs:
             doc["runs"] = list_runs(runs_dir)
     if args.gpus:
-        doc["gpus"] = gpu_report()
+        doc["gpus"] = gpu_report(gpu_reader)
     if args.procs:
         doc["procs"] = scan_procs(exclude=(os.getpid(),), include=tuple(args.pid),
                                   runs_dir=os.path.join(args.workspace, "runs") if args.workspace else None)
@@ -74,16 +80,38 @@ def report(args: argparse.Namespace, offset, inode) -> dict:
             doc["run_ids"] = run_ids(os.path.join(args.workspace, "runs"))
     if args.host_gpu_procs:
         doc["host_gpu_procs"] = host_gpu_procs(args.host_gpu_procs)
+    if args.xid:
+        doc["xid"] = xid_report()
     return doc
+
+
+def sample_gpus(reader: GpuReader | None, every: float, start: float, until: float) -> list:
+    """GPU readings every `every` seconds after `start` until `until`, where the next report takes the interval's
+    last one; each stamped with its time. A slow reading skips the moments it missed rather than catch up."""
+    out = []
+    due = start + every
+    while due < until - every / 2:
+        time.sleep(max(0.0, due - time.time()))
+        t = time.time()
+        out.append(dict(gpu_report(reader), time=t))
+        while due <= time.time():
+            due += every
+    return out
 
 
 def main(argv: list) -> int:
     args = parse_args(argv)
     offset, inode = args.log_offset, args.log_inode
+    gpu_every = min(args.gpu_interval, args.interval) if args.gpu_interval and args.gpu_interval > 0 \
+        else args.interval
+    series = []  # --watch --gpus: the GPU readings taken since the last report
+    gpus = GpuReader() if args.watch and args.gpus else None  # one NVML init / smi field list for the whole watch
     try:
         while True:
             started = time.time()
-            doc = report(args, offset, inode)
+            doc = report(args, offset, inode, gpus)
+            if args.watch and args.gpus:  # the report's own reading is the interval's last
+                doc["gpus_series"] = [*series, dict(doc["gpus"], time=doc["time"])]
             reply(doc)
             if not args.watch:
                 return 0
@@ -92,9 +120,14 @@ def main(argv: list) -> int:
                 offset, inode = log["next_offset"], log["inode"]
             elif doc.get("run") is None:
                 offset, inode = None, None  # a new latest run will start from its tail
-            time.sleep(max(0.0, args.interval - (time.time() - started)))
+            until = started + args.interval
+            series = sample_gpus(gpus, gpu_every, started, until) if args.gpus else []
+            time.sleep(max(0.0, until - time.time()))
     except (BrokenPipeError, KeyboardInterrupt):
         return 0
+    finally:
+        if gpus is not None:
+            gpus.close()
 
 
 if __name__ == "__main__":
