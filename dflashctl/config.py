@@ -26,7 +26,7 @@ HOST_KEYS = (
     "code_source", "code_max_file_mib", "code_max_total_mib",
     "command", "progress_regex",
     "sentinel", "sentinel_interval", "notify", "on_worker_failure", "idle_limit", "stall_limit", "restart_on",
-    "max_restarts", "restart_backoff",
+    "max_restarts", "restart_backoff", "stall_window",
 )
 GPU_KEYS = ("target", "drafters")
 SSH_ONLY = ("address", "user", "port", "identity_file", "proxy_jump", "accept_new_host_key")

@@ -56,6 +56,7 @@ class Host:
     restart_on: tuple[str, ...] | None = None  # crashed, stalled
     max_restarts: int | None = None
     restart_backoff: str | None = None
+    stall_window_s: float | None = None  # alive, no new step for this long → stalled (status and the sentinel)
 
     @property
     def endpoint(self) -> str:
@@ -194,6 +195,7 @@ class GpuReport:
     smi_csv: str | None = None
     error: str | None = None
     time: float | None = None  # when it was read (the probe's clock), in a watch's `gpus_series`
+    smi_missing: tuple[str, ...] = ()  # health columns this driver's nvidia-smi refused (an older driver)
 
 
 class GpuAction(StrEnum):

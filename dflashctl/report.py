@@ -96,6 +96,8 @@ class ProbeReport:
     runs: tuple[RunRecord, ...] = ()
     host_gpu_procs: HostGpuReport | None = None
     events_data: bytes | None = None  # with --events: the run's events.jsonl (its tail; None: not asked)
+    xid: XidReport | None = None  # with --xid: the kernel log's Xid lines
+    stacks_capture: dict[str, Any] | None = None  # with --events: the sentinel's newest capture {"path", "doc"}
 
     @property
     def log_data(self) -> bytes:
@@ -169,7 +171,22 @@ def _parse_log(doc: Mapping[str, Any]) -> LogChunk:
 def parse_gpus(doc: Mapping[str, Any]) -> GpuReport:
     return GpuReport(source=_str(doc.get("source")), nvml=tuple(r for r in _list(doc.get("nvml"))
                                                                   if isinstance(r, dict)),
-                     smi_csv=_str(doc.get("smi_csv")), error=_str(doc.get("error")), time=_float(doc.get("time")))
+                     smi_csv=_str(doc.get("smi_csv")), error=_str(doc.get("error")), time=_float(doc.get("time")),
+                     smi_missing=tuple(str(f) for f in _list(doc.get("smi_missing"))))
+
+
+@dataclass(frozen=True)
+class XidReport:
+    """The kernel log's NVIDIA Xid lines, as the probe read them (agent/probe/xid.py; on the Proxmox host for a
+    container host). analysis/xids.py parses the lines."""
+
+    source: str | None  # "dmesg" | "journalctl" | None (could not read the kernel log: see error)
+    lines: tuple[str, ...] = ()
+    error: str | None = None
+
+
+def parse_xid(doc: Mapping[str, Any]) -> XidReport:
+    return XidReport(_str(doc.get("source")), tuple(str(x) for x in _list(doc.get("lines"))), _str(doc.get("error")))
 
 
 def parse_proc(doc: Mapping[str, Any]) -> ProcRecord:
@@ -203,4 +220,6 @@ def parse_report(doc: Mapping[str, Any]) -> ProbeReport:
         runs=tuple(parse_run(r) for r in _list(doc.get("runs")) if isinstance(r, dict)),
         host_gpu_procs=parse_host_gpu(host) if host is not None else None,
         events_data=_b64(doc.get("events_b64")) if "events_b64" in doc else None,
+        xid=parse_xid(doc["xid"]) if isinstance(doc.get("xid"), dict) else None,
+        stacks_capture=_dict(doc.get("stacks_capture")),
     )

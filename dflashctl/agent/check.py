@@ -24,7 +24,22 @@ def nvidia_smi():
         return {"path": smi, "code": -1, "message": str(e), "gpus": []}
     lines = (p.stdout + p.stderr).strip().splitlines()
     return {"path": smi, "code": p.returncode, "message": lines[-1] if lines else "",
-            "gpus": [ln for ln in p.stdout.splitlines() if ln.startswith("GPU ")]}
+            "gpus": [ln for ln in p.stdout.splitlines() if ln.startswith("GPU ")], "persistence": persistence(smi)}
+
+
+def persistence(smi):
+    """index -> "Enabled" / "Disabled" / "[N/A]" as nvidia-smi prints it; {} when it cannot say."""
+    try:
+        p = subprocess.run([smi, "--query-gpu=index,persistence_mode", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    out = {}
+    for line in p.stdout.splitlines() if p.returncode == 0 else []:
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            out[parts[0]] = parts[1]
+    return out
 
 
 def py_spy():

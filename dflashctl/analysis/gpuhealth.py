@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from dflashctl.analysis.gpus import PROBE_FIELDS, _field_name, _is_header, _number, na
+from dflashctl.analysis.gpus import PROBE_FIELDS, csv_number, field_name, is_header, na
 from dflashctl.analysis.xids import XID_TABLE, normalize_pci, recovery_word, xid_info
 from dflashctl.model import GpuAction, GpuHealth, GpuReport, HealthFinding, HealthSeverity, XidEvent
 
@@ -155,7 +155,7 @@ def _from_nvml(d: Mapping[str, object], position: int) -> GpuHealth:
 def smi_rows(text: str) -> list[tuple[int, dict[str, str]]]:
     """Each data row of `--query-gpu` CSV keyed by field name (units and the older field names normalised), with its
     position in its sweep; rows that match no header (nor the probe's headerless PROBE_FIELDS) are left out.
-    The rows gpus.parse_query_csv reads, by its header rules (`_is_header`, `_field_name`)."""
+    The rows gpus.parse_query_csv reads, by its header rules (`is_header`, `field_name`)."""
     out: list[tuple[int, dict[str, str]]] = []
     cols: tuple[str, ...] | None = None
     position = 0
@@ -164,8 +164,8 @@ def smi_rows(text: str) -> list[tuple[int, dict[str, str]]]:
         if not line or line.startswith("#"):
             continue
         cells = [c.strip() for c in line.split(",")]
-        if _is_header(cells):
-            cols = tuple(_SMI_ALIASES.get(n, n) for n in (_field_name(c) for c in cells))
+        if is_header(cells):
+            cols = tuple(_SMI_ALIASES.get(n, n) for n in (field_name(c) for c in cells))
             position = 0
             continue
         names = cols if cols and len(cols) == len(cells) else PROBE_FIELDS if len(cells) == len(PROBE_FIELDS) else None
@@ -187,7 +187,7 @@ def _smi_int(v: str | None) -> int | None:
             return int(t, 16)
         except ValueError:
             return None
-    return _int(_number(t))
+    return _int(csv_number(t))
 
 
 def _from_smi(rec: Mapping[str, str], position: int) -> GpuHealth:
@@ -195,9 +195,9 @@ def _from_smi(rec: Mapping[str, str], position: int) -> GpuHealth:
     mask = _smi_int(rec.get("clocks_event_reasons.active"))
     return GpuHealth(
         index=idx if idx is not None else position, pci_bus_id=normalize_pci(na(rec.get("pci.bus_id"))),
-        uuid=na(rec.get("uuid")), name=na(rec.get("name")), temperature_c=_number(rec.get("temperature.gpu")),
-        power_w=_number(rec.get("power.draw")),
-        power_limit_w=_number(rec.get("enforced.power.limit")) or _number(rec.get("power.limit")),
+        uuid=na(rec.get("uuid")), name=na(rec.get("name")), temperature_c=csv_number(rec.get("temperature.gpu")),
+        power_w=csv_number(rec.get("power.draw")),
+        power_limit_w=csv_number(rec.get("enforced.power.limit")) or csv_number(rec.get("power.limit")),
         persistence_mode=_smi_bool(rec.get("persistence_mode")),
         ecc_uncorrected_volatile=_smi_int(rec.get("ecc.errors.uncorrected.volatile.total")),
         retired_pages_pending=_smi_bool(rec.get("retired_pages.pending")),

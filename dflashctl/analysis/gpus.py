@@ -55,7 +55,7 @@ def na(value: str | None) -> str | None:
     return v
 
 
-def _number(value: str | None, *, to_mib: bool = False) -> float | None:
+def csv_number(value: str | None, *, to_mib: bool = False) -> float | None:
     v = na(value)
     if v is None:
         return None
@@ -83,12 +83,12 @@ def _timestamp(value: str | None) -> float | None:
     return None
 
 
-def _field_name(header_cell: str) -> str:
+def field_name(header_cell: str) -> str:
     name = _UNIT_RE.sub("", header_cell).strip()
     return _FIELD_ALIASES.get(name, name)
 
 
-def _is_header(cells: Sequence[str]) -> bool:
+def is_header(cells: Sequence[str]) -> bool:
     return any(c.strip() in ("index", "pid", "uuid", "name", "timestamp") or "[" in c and "]" in c
                and not c.strip().startswith("[") for c in cells)
 
@@ -122,15 +122,15 @@ def _guess_fields(cells: Sequence[str]) -> tuple[str, ...]:
 
 
 def _sample(rec: Mapping[str, str], position: int) -> GpuSample:
-    idx = _number(rec.get("index"))
+    idx = csv_number(rec.get("index"))
     return GpuSample(
         index=int(idx) if idx is not None else position,
         uuid=na(rec.get("uuid")),
         name=na(rec.get("name")),
-        memory_used_mib=_number(rec.get("memory.used"), to_mib=True),
-        memory_total_mib=_number(rec.get("memory.total"), to_mib=True),
-        utilization_pct=_number(rec.get("utilization.gpu")),
-        power_w=_number(rec.get("power.draw")),
+        memory_used_mib=csv_number(rec.get("memory.used"), to_mib=True),
+        memory_total_mib=csv_number(rec.get("memory.total"), to_mib=True),
+        utilization_pct=csv_number(rec.get("utilization.gpu")),
+        power_w=csv_number(rec.get("power.draw")),
         timestamp=_timestamp(rec.get("timestamp")),
     )
 
@@ -147,8 +147,8 @@ def parse_query_csv(text: str, fields: Sequence[str] | None = None) -> GpuReadin
         if not line or line.startswith("#"):
             continue
         cells = [c.strip() for c in line.split(",")]
-        if _is_header(cells):
-            cols = tuple(_field_name(c) for c in cells)
+        if is_header(cells):
+            cols = tuple(field_name(c) for c in cells)
             position = 0
             continue
         if len(cells) < 2 and not (cols and len(cols) == 1):
@@ -156,10 +156,10 @@ def parse_query_csv(text: str, fields: Sequence[str] | None = None) -> GpuReadin
         names = cols if cols and len(cols) == len(cells) else _guess_fields(cells)
         rec = dict(zip(names, cells, strict=False))
         if "pid" in rec:
-            pid = _number(rec["pid"])
+            pid = csv_number(rec["pid"])
             if pid is None:
                 raise GpuParseError(f"compute-apps row without a pid: {line[:100]!r}")
-            procs.append(GpuProcess(int(pid), _number(rec.get("used_memory"), to_mib=True), na(rec.get("uuid"))))
+            procs.append(GpuProcess(int(pid), csv_number(rec.get("used_memory"), to_mib=True), na(rec.get("uuid"))))
             continue
         if not any(k in rec for k in ("memory.used", "utilization.gpu", "uuid", "power.draw")):
             raise GpuParseError(f"cannot tell which nvidia-smi columns these are: {line[:100]!r}")

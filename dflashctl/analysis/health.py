@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflashctl.analysis import signatures
+from dflashctl.analysis.gpuhealth import gpu_health, health_findings, worst_action
 from dflashctl.analysis.gpuwindow import (
     IDLE_HELD,
     STALL_SHAPES,
@@ -26,7 +27,19 @@ from dflashctl.analysis.gpuwindow import (
 )
 from dflashctl.analysis.logscan import LogReport, Traceback, scan
 from dflashctl.analysis.verdict import ProcessState, recorded_end
-from dflashctl.model import GpuFinding, GpuProcess, SignatureHit, ThreadState, Verdict
+from dflashctl.analysis.xids import xid_events
+from dflashctl.model import (
+    GpuAction,
+    GpuFinding,
+    GpuHealth,
+    GpuProcess,
+    GpuReport,
+    HealthFinding,
+    HealthSeverity,
+    SignatureHit,
+    ThreadState,
+    Verdict,
+)
 
 
 @dataclass
@@ -42,6 +55,8 @@ class Evidence:
     last_progress_time: float | None = None  # when a new step was last seen (status keeps track)
     gpu_processes: Sequence[GpuProcess] = ()
     live_pids: frozenset[int] | None = None  # host-side pids of the live run (orphaned-memory check)
+    gpu_report: GpuReport | None = None  # the latest reading as sent: its health fields (analysis/gpuhealth.py)
+    xid_lines: Sequence[str] = ()  # the kernel log's NVIDIA Xid lines (analysis/xids.py)
 
 
 @dataclass
@@ -56,6 +71,13 @@ class Health:
     seconds_since_progress: float | None
     root_cause: str | None = None  # the worker (thread or rank) that failed first
     stall_shape: StallShape | None = None  # stalled: what its GPUs show, "idle-held" | "spinning" (STALL_SHAPES)
+    gpu_health: list[GpuHealth] = field(default_factory=list)  # per GPU: ECC, row remaps, throttling, …
+    gpu_findings: list[HealthFinding] = field(default_factory=list)  # most severe first (docs/failures.md)
+
+    @property
+    def gpu_action(self) -> GpuAction | None:
+        """The most the GPU findings ask for (restart the program < reset the GPU < drain the node < reboot)."""
+        return worst_action(self.gpu_findings)
 
     @property
     def stall_remedy(self) -> str | None:
@@ -251,7 +273,13 @@ def judge(ev: Evidence, thresholds: Thresholds = Thresholds()) -> Health:
         reasons.append(f"GPU(s) {ranges(orphaned)} hold memory that belongs to no live run")
     if root_cause is not None and len(crashed) > 1:
         reasons.append(f"first to fail: {root_cause}")
-    return Health(verdict, reasons, threads, gpus, hits, final_exception, progress, since, root_cause, shape)
+    readings = gpu_health(ev.gpu_report)
+    findings = health_findings(readings, xid_events(ev.xid_lines))
+    reasons += [f"GPU {f.gpu if f.gpu is not None else '?'}: {f.meaning} ({f.id})"
+                + (f" — {f.action}" if f.action is not None else "")
+                for f in findings if f.severity != HealthSeverity.INFO]
+    return Health(verdict, reasons, threads, gpus, hits, final_exception, progress, since, root_cause, shape,
+                  readings, findings)
 
 
 def _root_cause(log: LogReport | None, crashed: list[ThreadState]) -> str | None:

@@ -19,6 +19,7 @@ def progress_record(values: Mapping[str, float]) -> dict[str, Any] | None:
 
 def to_record(h: Health) -> dict[str, Any]:
     """The `diagnose --json` contract (issue 4); `status --json` adds run and host fields around it."""
+    health = {r.index: r.to_record() for r in h.gpu_health}
     return {
         "verdict": str(h.verdict),
         "final_exception": h.final_exception,
@@ -39,7 +40,11 @@ def to_record(h: Health) -> dict[str, Any]:
         "gpus": [
             {"index": int(g.sample.index), "memory_used_mib": g.sample.memory_used_mib,
              "memory_total_mib": g.sample.memory_total_mib, "utilization_pct": g.sample.utilization_pct,
-             "power_w": g.sample.power_w, "finding": str(g.finding) if g.finding is not None else None}
+             "power_w": g.sample.power_w, "finding": str(g.finding) if g.finding is not None else None,
+             "health": health.get(int(g.sample.index)),
+             "health_findings": [f.id for f in h.gpu_findings if f.gpu == int(g.sample.index)]}
             for g in h.gpus
         ],
+        "gpu_findings": [f.to_record() for f in h.gpu_findings],  # docs/failures.md "GPU health findings"
+        "gpu_action": None if h.gpu_action is None else str(h.gpu_action),
     }

@@ -20,7 +20,7 @@ from dflashctl.analysis.logscan import LogScanner
 from dflashctl.analysis.records import to_record
 from dflashctl.analysis.stepclock import StepClock
 from dflashctl.analysis.verdict import JOB_KINDS, EndWatch, ProcessState
-from dflashctl.model import Verdict
+from dflashctl.model import GpuReport, Verdict
 from dflashctl.report import ProbeReport, RunRecord
 
 HISTORY = 120  # GPU sweeps kept (the judge's window), and report intervals of each GPU's series (the watch's view)
@@ -45,6 +45,7 @@ class StatusView:
     log_bytes_scanned: int = 0  # bytes the scanner has read so far (each byte once, unless rotated)
     events: list[dict[str, Any]] = field(default_factory=list)  # the sentinel's timeline (events.jsonl records)
     restart_pending: bool = False  # ended, and its sentinel asked for another attempt (restart.json)
+    stacks: dict[str, Any] | None = None  # the sentinel's newest stall capture: {"path", "time", "reason", "processes"}
 
     @property
     def run_id(self) -> str | None:
@@ -72,6 +73,7 @@ class StatusView:
             "events": self.events,
             "restart": None if self.run is None else self.run.restart,
             "restart_pending": self.restart_pending,
+            "stacks": self.stacks,
         }
         rec.update(to_record(self.health))
         rec["gpus"] = [dict(g, history=h.history, series={k: [None if x is None else list(x) for x in xs]
@@ -151,6 +153,8 @@ class Watcher:
     live: bool = False  # watching: a step seen at the first look counts as fresh until it stops moving
     end: EndWatch = field(default_factory=EndWatch)  # a gone process is lost only after the exit-code grace
     steps: StepClock = field(init=False)  # when the last new step happened (the stall rule's clock)
+    gpu_report: GpuReport | None = None  # the latest GPU reading with its health fields
+    xid_lines: tuple[str, ...] = ()  # the kernel log's Xid lines, as last read (a watch reads them at its first look)
 
     def __post_init__(self) -> None:
         self.steps = StepClock(self.thresholds.stall_window_s, live=self.live)
@@ -198,9 +202,13 @@ class Watcher:
             process = ProcessState(alive=run.alive, exit_code=run.exit_code, stopped=run.stopped,
                                    stopped_why=stopped_why(run),
                                    started_at=_started_at(run), ending=run.ending, job=_job(run))
+        if doc.gpus is not None and doc.gpus.source is not None:
+            self.gpu_report = doc.gpus
+        if doc.xid is not None:
+            self.xid_lines = doc.xid.lines
         ev = Evidence(now=now, process=process, log=report, sweeps=list(self.sweeps),
                       errors=run.errors if run else {}, heartbeat=hb,
-                      last_progress_time=progress_time)
+                      last_progress_time=progress_time, gpu_report=self.gpu_report, xid_lines=self.xid_lines)
         health = judge(ev, self.thresholds)
         for g in health.gpus:
             if g.index in self.series:

@@ -20,6 +20,7 @@ from dflashctl.analysis.health import Health
 from dflashctl.analysis.records import to_record
 from dflashctl.cli.app import app
 from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, age, console, err, print_json
+from dflashctl.cli.gpuhealth import health_cell, render_gpu_health
 from dflashctl.commands import status as status_cmd
 from dflashctl.errors import ConfigError
 from dflashctl.model import GpuFinding, Verdict
@@ -121,8 +122,8 @@ def render(title: str, health: Health, *, extra: list[str] = (), history: bool =
         parts.append(tt)
     if health.gpus:
         gt = Table(title="GPUs", title_justify="left", box=None, pad_edge=False, show_edge=False)
-        for col in ("gpu", "memory used/total", "util", "power", "finding"):
-            gt.add_column(col, justify="right" if col != "finding" else "left")
+        for col in ("gpu", "memory used/total", "util", "power", "finding", "health"):
+            gt.add_column(col, justify="right" if col not in ("finding", "health") else "left")
         if history:
             for title, _, _ in HISTORIES:
                 gt.add_column(title, no_wrap=True)
@@ -130,13 +131,17 @@ def render(title: str, health: Health, *, extra: list[str] = (), history: bool =
             s = g.sample
             mem = f"{_num(s.memory_used_mib)} / {_num(s.memory_total_mib)} MiB"
             finding = Text(str(g.finding) if g.finding else "-", style=FINDING_STYLE.get(g.finding, "dim"))
-            row = [str(s.index), mem, f"{_num(s.utilization_pct)} %", f"{_num(s.power_w)} W", finding]
+            row = [str(s.index), mem, f"{_num(s.utilization_pct)} %", f"{_num(s.power_w)} W", finding,
+                   health_cell(health, s.index)]
             if history:
                 row += [_history(g, key, unit) for _, key, unit in HISTORIES]
             gt.add_row(*row)
         parts.append(gt)
     if gpu_note:
         parts.append(Text(f"GPUs: {gpu_note}", style="dim" if not health.gpus else "yellow"))
+    gpu_health = render_gpu_health(health)
+    if gpu_health is not None:
+        parts.append(gpu_health)
     if health.hits or health.stall_shape:
         parts.append(Text("diagnosis", style="bold"))
     if health.stall_shape:  # how the GPUs look while nothing moves: the remedy differs by shape
@@ -177,11 +182,12 @@ def render_view(v: status_cmd.StatusView, *, history: bool = False, events: int 
         notes.append(f"restarting: {(v.run.restart or {}).get('why') if v.run else ''}")
     view = render(f"{v.host} · run {v.run_id or '-'}", v.health, extra=extra, history=history, notes=notes,
                   ended=ended, gpu_note=gpu_note(v.gpu_error, has_gpus=bool(v.health.gpus)))
-    if events == 0 or not (v.events or events is None):
-        return view
-    from dflashctl.cli.timeline import render_events
+    from dflashctl.cli.timeline import render_capture, render_events
 
-    return Group(view, render_events(v.events, limit=events))
+    extra_parts = [render_capture(v.stacks)] if v.stacks else []
+    if events != 0 and (v.events or events is None):
+        extra_parts.append(render_events(v.events, limit=events))
+    return Group(view, *extra_parts) if extra_parts else view
 
 
 def gpu_note(error: str | None, *, has_gpus: bool) -> str | None:
@@ -366,12 +372,16 @@ def diagnose(
     progress_regex: str | None = typer.Option(None, "--progress-regex", metavar="REGEX",
                                               help="your trainer's own progress line: a regex with named groups "
                                                    "step, total, loss, lr, epoch, tok_s, it_s, eta_s"),
+    kernel_log: list[Path] = typer.Option(None, "--kernel-log", metavar="FILE",
+                                          help="saved `dmesg` / `journalctl -k` of the GPU host: its NVIDIA Xid "
+                                               "lines become GPU findings (repeatable)"),
     json_: bool = JsonOpt,
 ) -> None:
     """What went wrong and what to do, from copied files only (exit code = the verdict's code)."""
     from dflashctl.commands import diagnose as diagnose_cmd
 
-    d = diagnose_cmd.diagnose(list(logs or []), list(gpus or []), progress_regex=progress_regex)
+    d = diagnose_cmd.diagnose(list(logs or []), list(gpus or []), progress_regex=progress_regex,
+                              kernel_logs=list(kernel_log or []))
     if json_:
         print_json(to_record(d.health))
     else:

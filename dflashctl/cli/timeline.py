@@ -41,6 +41,27 @@ def render_events(events: Sequence[Mapping[str, Any]], *, limit: int | None = No
     return Group(*lines)
 
 
+def render_capture(cap: Mapping[str, Any]) -> RenderableType:
+    """The sentinel's stall capture, short: each thread's innermost frame and its line of code."""
+    title = Text("stacks", style="bold")
+    title.append(f" (captured {_when(cap.get('time'))}, {cap.get('reason') or 'stalled'}; saved in {cap.get('path')};"
+                 " live: dflashctl stacks)", style="dim")
+    lines: list[RenderableType] = [title]
+    for proc in cap.get("processes") or []:
+        if not proc.get("threads"):
+            lines.append(Text(f"  pid {proc.get('pid')} ({proc.get('role')}): {proc.get('error') or 'no stacks'}",
+                              style="yellow"))
+        for t in proc.get("threads") or []:
+            top = (t.get("frames") or [{}])[0]
+            where = f"{top.get('function', '?')} ({str(top.get('file', '?')).rsplit('/', 1)[-1]}:{top.get('line')})"
+            line = Text(f"  {t.get('thread')}", style="bold cyan")
+            line.append(f"  {where}")
+            if top.get("code"):
+                line.append(f"  {escape(str(top['code']))[:100]}", style="dim")
+            lines.append(line)
+    return Group(*lines)
+
+
 def desktop_notify(title: str, body: str) -> str | None:
     """Raise a desktop notification where the platform has one (notify-send, osascript); the reason it cannot,
     else None. Never raises: a watch goes on without it."""

@@ -18,6 +18,7 @@ from dflashctl.analysis.health import Evidence, GpuSweep, Health, ProcessState, 
 from dflashctl.analysis.logscan import LogReport, LogScanner
 from dflashctl.analysis.progress import ProgressRegexError, custom
 from dflashctl.errors import ConfigError
+from dflashctl.model import GpuReport
 
 READ_CHUNK = 8 << 20
 
@@ -86,12 +87,14 @@ def _json(path: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def diagnose(logs: list[Path], gpu_files: list[Path], *, progress_regex: str | None = None) -> Diagnosis:
-    """Judge the given logs (several are read as one, in order) and nvidia-smi samples.
+def diagnose(logs: list[Path], gpu_files: list[Path], *, progress_regex: str | None = None,
+             kernel_logs: list[Path] = ()) -> Diagnosis:
+    """Judge the given logs (several are read as one, in order), nvidia-smi samples (a --query-gpu CSV with the
+    health columns gives their findings too) and saved kernel logs (`dmesg`, `journalctl -k`: their Xid lines).
 
     A run directory as a LOG brings its rotated logs, errors/*.json, heartbeat.json and exit_code.
     progress_regex: the user's own progress format (analysis.progress.custom)."""
-    if not logs and not gpu_files:
+    if not logs and not gpu_files and not kernel_logs:
         raise ConfigError("nothing to diagnose", hint="dflashctl diagnose train.log [--gpus nvidia-smi.txt]")
     scanner = LogScanner(user_progress(progress_regex))
     sources: list[str] = []
@@ -120,9 +123,12 @@ def diagnose(logs: list[Path], gpu_files: list[Path], *, progress_regex: str | N
         scanner.flush()  # a traceback never spans two files
         sources.append(str(path))
     gpu_sweeps: list[GpuSweep] = []
+    last_csv: GpuReport | None = None
     for path in gpu_files:
+        text = _read(path).decode("utf-8", "replace")
+        last_csv = GpuReport(source="nvidia-smi", smi_csv=text)  # the health columns, where the file has them
         try:
-            reading = parse_nvidia_smi(_read(path).decode("utf-8", "replace"))
+            reading = parse_nvidia_smi(text)
         except GpuParseError as e:
             raise ConfigError(f"{path}: {e}", hint="save `nvidia-smi --query-gpu=index,memory.used,"
                               "utilization.gpu --format=csv` or plain `nvidia-smi` output") from None
@@ -133,5 +139,10 @@ def diagnose(logs: list[Path], gpu_files: list[Path], *, progress_regex: str | N
     report = scanner.report()
     times = [s.time for s in gpu_sweeps if s.time is not None]
     now = max(times) if times and len(times) == len(gpu_sweeps) else None
-    ev = Evidence(now=now, process=process, log=report, sweeps=gpu_sweeps, errors=errors, heartbeat=heartbeat)
+    xid_lines: list[str] = []
+    for path in kernel_logs:
+        xid_lines += _read(path).decode("utf-8", "replace").splitlines()
+        sources.append(str(path))
+    ev = Evidence(now=now, process=process, log=report, sweeps=gpu_sweeps, errors=errors, heartbeat=heartbeat,
+                  gpu_report=last_csv, xid_lines=xid_lines)
     return Diagnosis(judge(ev), report, sources)

@@ -180,4 +180,8 @@ def _judge_gpus(host: Host, smi: dict[str, Any] | None) -> Check:
     missing = [i for i in wanted if i >= len(gpus)]
     if missing:
         return Check("gpus", "fail", f"{text}, but hosts.toml uses GPU {missing[0]}")
+    off = sorted(int(i) for i, mode in (smi.get("persistence") or {}).items() if mode == "Disabled")
+    if off:  # the driver unloads between processes: slow starts, and lost Xid / ECC state between them
+        return Check("gpus", "warn", f"{text}; persistence mode off on GPU {','.join(map(str, off))} "
+                                     "(on the host: nvidia-smi -pm 1, or enable nvidia-persistenced)")
     return Check("gpus", "ok", text)

@@ -66,4 +66,4 @@ def sentinel_spec(host: Host, opts: WatchOptions) -> SentinelSpec | None:
     return SentinelSpec(host=host.name, targets=targets, kinds=kinds, policy=policy, restart=restart,
                         interval_s=1.0 if interval is None else parse_duration(interval, "sentinel interval"),
                         min_gap_s=60.0 if host.notify_min_gap_s is None else host.notify_min_gap_s,
-                        progress_regex=host.progress_regex)
+                        progress_regex=host.progress_regex, stall_window_s=host.stall_window_s)

@@ -8,6 +8,7 @@ the table and `--json` come from that one record.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,8 +17,9 @@ from typing import Any
 
 from dflashctl.analysis.health import Thresholds
 from dflashctl.analysis.logscan import LogScanner
+from dflashctl.analysis.stacks import processes_from_capture
 from dflashctl.analysis.watcher import StatusView, Watcher
-from dflashctl.commands._runs import host_progress
+from dflashctl.commands._runs import host_progress, host_thresholds
 from dflashctl.commands.waiting import next_attempt
 from dflashctl.errors import ConnectFailed, DflashError, NotFound, RemoteTimeout
 from dflashctl.model import Host
@@ -38,26 +40,37 @@ def _no_run(host: Host, run: str | None) -> NotFound:
                     f"{what} on {host.name}", hint="list runs with `dflashctl runs`; start one with `dflashctl launch`")
 
 
-def status_once(target: Target, run: str | None = None, *, thresholds: Thresholds = Thresholds(),
+def status_once(target: Target, run: str | None = None, *, thresholds: Thresholds | None = None,
                 log_max: int = probe.DEFAULT_LOG_MAX) -> StatusView:
     """One probe round trip: the log's tail, GPUs, process state → a judged view."""
     doc = probe.probe_once(target, target.host.workspace, run or "latest", log_max=log_max, require_run=False,
                            events=True)
     if doc.run is None:
         raise _no_run(target.host, run)
-    watcher = Watcher(target.host.name, thresholds, scanner=LogScanner(host_progress(target.host)))
+    doc = with_xid(target, doc)
+    watcher = Watcher(target.host.name, thresholds or host_thresholds(target.host),
+                      scanner=LogScanner(host_progress(target.host)))
     return with_events(watcher.update(doc), doc)
+
+
+def with_xid(target: Target, doc: ProbeReport) -> ProbeReport:
+    """The report with the GPU host's kernel-log Xid lines (one more call: the host's log, not the container's)."""
+    return dataclasses.replace(doc, xid=probe.probe_xid(target))
 
 
 def with_events(view: StatusView, doc: ProbeReport) -> StatusView:
     """The view with the sentinel's timeline from the same report (events.jsonl, read with sentinel/events.py)."""
     if doc.events_data is not None:
         view.events = [e.to_record() for e in read_events(doc.events_data)]
+    cap = doc.stacks_capture
+    if cap and isinstance(cap.get("doc"), dict):
+        view.stacks = {"path": cap.get("path"), "time": cap["doc"].get("time"), "reason": cap["doc"].get("reason"),
+                       "processes": [p.to_record() for p in processes_from_capture(cap["doc"])]}
     return view
 
 
 def watch(connect: Callable[[], Target], run: str | None = None, *, interval: float = 1.0,
-          thresholds: Thresholds = Thresholds(), log_max: int = probe.DEFAULT_LOG_MAX,
+          thresholds: Thresholds | None = None, log_max: int = probe.DEFAULT_LOG_MAX,
           sleep: Callable[[float], None] = time.sleep, gpu_interval: float | None = None) -> Iterator[StatusView]:
     """Views from one streaming probe, forever (the caller stops). A dropped connection yields the
     last view marked "reconnecting", then reconnects with backoff and resumes at the last log offset.
@@ -75,7 +88,9 @@ def watch(connect: Callable[[], Target], run: str | None = None, *, interval: fl
                                            require_run=False, events=True)
                     if doc.run is None:
                         raise _no_run(target.host, run)
-                    w = Watcher(target.host.name, thresholds, live=True, scanner=LogScanner(host_progress(target.host)))
+                    doc = with_xid(target, doc)  # read at the first look (and after each reconnect)
+                    w = Watcher(target.host.name, thresholds or host_thresholds(target.host), live=True,
+                                scanner=LogScanner(host_progress(target.host)))
                     yield with_events(w.update(doc), doc)
                 for doc in probe.probe_stream(target, target.host.workspace, w.run_id, w.next_offset, interval,
                                               log_max=log_max, log_inode=w.inode, events=True,
@@ -123,7 +138,7 @@ class HostLine:
 
 
 def status_all(hosts: list[Host], connect: Callable[[Host], Target], *,
-               thresholds: Thresholds = Thresholds(), workers: int = 16) -> list[HostLine]:
+               thresholds: Thresholds | None = None, workers: int = 16) -> list[HostLine]:
     """Every host at once (a slow host costs its own timeout, not everyone's)."""
     def one(host: Host) -> HostLine:
         try:

@@ -42,10 +42,10 @@ from dflashctl.errors import DflashError, ExitCode, NotFound
 from dflashctl.model import HostGpuReport
 from dflashctl.remote.scripts import module_source, parse_replies, parse_reply
 from dflashctl.remote.target import Target
-from dflashctl.report import ProbeReport, check_version, parse_report
+from dflashctl.report import ProbeReport, XidReport, check_version, parse_report
 
 __all__ = ["PROBE_VERSION", "build_script", "decode_log", "parse_frames", "probe_args", "probe_doc",
-           "probe_host_gpu_procs", "probe_once", "probe_stream", "stream_docs"]
+           "probe_host_gpu_procs", "probe_xid", "probe_once", "probe_stream", "stream_docs"]
 
 DEFAULT_LOG_MAX = 1 << 20
 
@@ -169,6 +169,20 @@ def stream_docs(target: Target, workspace: str, run: str | None, log_offset: int
             close()
     if not got:
         raise _no_report(target, None, "the watch probe ended without a report")
+
+
+def probe_xid(target: Target, timeout: float | None = 30) -> XidReport:
+    """The kernel log's NVIDIA Xid lines where the GPUs' driver logs them: on the Proxmox host for a container host
+    (an LXC container may not read the host's kernel ring buffer), else on the target itself."""
+    argv = ["python3" if target.host.container is not None else target.host.python, "-", "--xid"]
+    run = target.run_host if target.host.container is not None else target.run
+    res = run(argv, stdin=build_script().encode(), timeout=timeout)
+    docs = parse_frames(res.stdout)
+    found = parse_report(docs[-1]).xid if docs else None
+    if found is None:
+        return XidReport(None, (), f"kernel-log probe printed no report (exit {res.exit_code}): "
+                         f"{res.tail() or 'no output'}")
+    return found
 
 
 def probe_host_gpu_procs(target: Target, timeout: float | None = 60) -> HostGpuReport:

@@ -8,7 +8,11 @@ that moment, "message": one line for a person, …kind's own fields}. Kind field
   verdict         {"from", "to", "reasons"}                    each change (not for the first view)
   worker-crashed  {"worker", "exception" | None, "exception_message" | None,
                    "signature": {"id", "summary", "remedy"} | None}   once per crashed thread or rank
-  stalled         {"reasons", "seconds_since_progress"}       each time the verdict becomes stalled
+  stalled         {"reasons", "seconds_since_progress", "stall_shape": "idle-held" | "spinning" | None,
+                   "stall_remedy"}                              each time the verdict becomes stalled, and again
+                                                               when the GPUs show its shape
+  stacks          {"path", "reason", "dumped", "processes": [{"pid", "role", "method", "threads", "error"}]}
+                                                               once per stall (its shape): what every thread does
   idle-gpus       {"gpus": [index], "reasons"}                 each episode of GPUs holding memory at ≈0 %
   signature       {"signature": {"id", "summary", "remedy"}, "line", "text"}   once per id, unless a
                                                                worker-crashed event carried it
@@ -159,6 +163,7 @@ class _RunState:
     held: dict[str, float] = field(default_factory=dict)  # crashed, exception line not seen yet: since when
     signatures: set[str] = field(default_factory=set)
     stalled: bool = False
+    shape: str | None = None  # the stall's shape as last said (a shape found later is said again)
     idle: frozenset[int] = frozenset()  # the GPUs of the idle episode going on (empty: none)
     ended: bool = False
     end: EndWatch = field(default_factory=EndWatch)
@@ -215,10 +220,11 @@ class EventTracker:
                      signature=signature_record(hit.signature), line=hit.line, text=hit.text)
         if not settling:
             stalled = h.verdict == Verdict.STALLED
-            if stalled and not s.stalled:
+            if stalled and (not s.stalled or (h.stall_shape is not None and h.stall_shape != s.shape)):
                 emit("stalled", "run stalled" + (f": {h.reasons[0]}" if h.reasons else ""),
-                     reasons=list(h.reasons), seconds_since_progress=h.seconds_since_progress)
-            s.stalled = stalled
+                     reasons=list(h.reasons), seconds_since_progress=h.seconds_since_progress,
+                     stall_shape=h.stall_shape, stall_remedy=h.stall_remedy)
+            s.stalled, s.shape = stalled, h.stall_shape if stalled else None
         self._idle(view, emit)
         if h.verdict.is_terminal and ending == "ended":
             s.ended = True

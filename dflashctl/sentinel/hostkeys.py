@@ -9,6 +9,7 @@
     max_restarts = 3
     restart_backoff = "30s"
     sentinel = true                      # false: runs go unwatched
+    stall_window = "5m"                  # no new step for this long → stalled (status and the sentinel judge alike)
     [hosts.pve1.notify]
     webhook = "https://hooks.example.invalid/dflash"     # a string or an array, for each kind
     slack = "https://hooks.example.invalid/services/T/B/x"
@@ -69,6 +70,8 @@ def host_keys(t: Mapping[str, Any]) -> dict[str, Any]:
         out["sentinel"] = t["sentinel"]
     if "sentinel_interval" in t:
         out["sentinel_interval_s"] = _check("sentinel_interval", spec.parse_duration, t["sentinel_interval"])
+    if "stall_window" in t:
+        out["stall_window_s"] = _check("stall_window", spec.parse_duration, t["stall_window"])
     for key, parse, example in (("idle_limit", spec.parse_idle_limit, "5%@30m"),
                                 ("stall_limit", spec.parse_duration, "20m"),
                                 ("restart_backoff", spec.parse_duration, "30s")):

@@ -24,7 +24,10 @@ import time
 from dflashctl.agent.lib.fsutil import read_json, write_atomic
 from dflashctl.agent.lib.procfs import MARKER
 from dflashctl.agent.lib.reaping import end_group
+from dflashctl.agent.probe.gpus import GpuReader
 from dflashctl.agent.probe.main import parse_args, report
+from dflashctl.agent.stacks import capture
+from dflashctl.analysis.health import Thresholds
 from dflashctl.analysis.logscan import LogScanner
 from dflashctl.analysis.progress import custom
 from dflashctl.analysis.watcher import StatusView, Watcher
@@ -45,10 +48,11 @@ class Sentinel:
     def __init__(self, run_dir: str, run_id: str, spec: SentinelSpec) -> None:
         self.run_dir, self.run_id, self.spec = run_dir, run_id, spec
         self.workspace = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
-        self.watcher = Watcher(spec.host, live=True, scanner=LogScanner(
+        thresholds = Thresholds() if spec.stall_window_s is None else Thresholds(stall_window_s=spec.stall_window_s)
+        self.watcher = Watcher(spec.host, thresholds, live=True, scanner=LogScanner(
             custom(spec.progress_regex) if spec.progress_regex else None))
         self.tracker = EventTracker(run_id, policy=spec.policy)
-        self.policy = PolicyState(spec.policy)
+        self.policy = PolicyState(spec.policy, thresholds)
         self.notifier = Notifier(spec.targets, spec.kinds, spec.host, on_failure=self._delivery_failed,
                                  gather_s=spec.gather_s, min_gap_s=spec.min_gap_s)
         self.offset: int | None = 0
@@ -58,6 +62,8 @@ class Sentinel:
         self.exit_code: int | None = None
         self.last: StatusView | None = None
         self._write_lock = threading.Lock()
+        self.gpu_reader = GpuReader()  # NVML initialised once, device handles kept for the run's life
+        self.captured: str | None = None  # the stall shape whose stacks were captured (once per stall)
 
     # -- I/O at the edges -------------------------------------------------------------------------------------
     def append(self, event: Event) -> None:
@@ -79,7 +85,7 @@ class Sentinel:
         if gpus:
             self.next_gpus = time.monotonic() + self.spec.gpu_interval_s
         args = ["--workspace", self.workspace, "--run", self.run_id, "--log-max", str(READ_MAX)]
-        doc = report(parse_args([*args, *(["--gpus"] if gpus else [])]), self.offset, self.inode)
+        doc = report(parse_args([*args, *(["--gpus"] if gpus else [])]), self.offset, self.inode, self.gpu_reader)
         if final and doc.get("run") is not None and self.exit_code is not None:
             # the supervisor has told us the code it is about to record: judge the run as it will stand
             doc["run"].update(alive=False, ending=False, exit_code=self.exit_code)
@@ -108,8 +114,25 @@ class Sentinel:
         for ev in events:
             self.append(ev)
             self.notifier.submit(ev)
+        shape = view.health.stall_shape
+        if shape is not None and shape != self.captured and view.run is not None and view.run.alive:
+            threading.Thread(target=self.capture_stacks, args=(view, f"stalled: {shape}"), daemon=True,
+                             name="stacks").start()
+        self.captured = shape
         if decision is not None:
             self.stop_run(decision)
+
+    def capture_stacks(self, view: StatusView, reason: str) -> None:
+        """What every thread is doing, once per stall, saved in <run>/stacks/ (agent/stacks.py: py-spy, else our
+        trainer's dump signal); off the loop, since it may take seconds."""
+        try:
+            got = capture(self.run_dir, self.run_id, reason)
+        except Exception as e:  # noqa: BLE001 - a failed capture must not end the watch
+            got = {"path": None, "reason": reason, "processes": [], "error": f"{type(e).__name__}: {e}"}
+        dumped = got.get("dumped", 0)
+        where = got.get("path") or "not saved"
+        self.append(Event(time.time(), "stacks", self.run_id, view.health.verdict.value,
+                          f"stacks of {dumped} process(es) captured ({reason}): {where}", dict(got)))
 
     def watch_end(self, stream) -> None:  # noqa: ANN001 - the supervisor's pipe (a binary file)
         """The supervisor's word: one line with the exit code, or EOF (it is gone)."""
@@ -147,6 +170,7 @@ class Sentinel:
                 {"attempt": spec.attempt + 1, "why": why, "verdict": final.health.verdict.value,
                  "exit_code": self.exit_code}).encode())
         self.notifier.close()
+        self.gpu_reader.close()
         return 0
 
     def _more_log(self) -> bool:

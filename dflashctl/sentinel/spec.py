@@ -20,7 +20,7 @@ from dflashctl.errors import ConfigError
 # What the sentinel writes to <run>/events.jsonl. `sentinel` (it started watching) and `notify-failed` (a delivery
 # that gave up) are records of the sentinel itself, never notified.
 EVENT_KINDS = ("sentinel", "first-step", "verdict", "worker-crashed", "stalled", "idle-gpus", "signature", "policy",
-               "ended", "restart", "notify-failed")
+               "ended", "restart", "stacks", "notify-failed")
 NOTIFIABLE = tuple(k for k in EVENT_KINDS if k not in ("sentinel", "notify-failed"))
 # what a notification is sent for unless told otherwise: everything that needs a person, and the end
 DEFAULT_NOTIFY = ("worker-crashed", "stalled", "idle-gpus", "signature", "policy", "ended", "restart")
@@ -245,6 +245,7 @@ class SentinelSpec:
     min_gap_s: float = 60.0  # after a message, further events wait this long and go out as one (rate limit)
     attempt: int = 1  # which attempt of its launch this run is (restarts count up)
     progress_regex: str | None = None  # the host's own progress format (hosts.toml `progress_regex`)
+    stall_window_s: float | None = None  # the host's `stall_window` (None: analysis.health's default)
 
     def to_dict(self) -> dict[str, Any]:
         p = self.policy
@@ -257,6 +258,7 @@ class SentinelSpec:
             "restart": None if self.restart is None else self.restart.to_dict(),
             "interval_s": self.interval_s, "gpu_interval_s": self.gpu_interval_s, "gather_s": self.gather_s,
             "min_gap_s": self.min_gap_s, "attempt": self.attempt, "progress_regex": self.progress_regex,
+            "stall_window_s": self.stall_window_s,
         }
 
     @classmethod
@@ -275,4 +277,5 @@ class SentinelSpec:
             interval_s=float(d.get("interval_s", 1.0)), gpu_interval_s=float(d.get("gpu_interval_s", 5.0)),
             gather_s=float(d.get("gather_s", 2.0)), min_gap_s=float(d.get("min_gap_s", 60.0)),
             attempt=int(d.get("attempt", 1)), progress_regex=d.get("progress_regex"),
+            stall_window_s=None if d.get("stall_window_s") is None else float(d["stall_window_s"]),
         )

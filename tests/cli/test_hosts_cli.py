@@ -117,6 +117,15 @@ def test_missing_nvidia_smi_is_a_warning_on_a_cpu_host_and_a_failure_when_gpus_a
     assert "nvidia-smi not found, but hosts.toml uses GPUs [0, 1]" in captured.err
 
 
+def test_persistence_mode_off_is_a_warning_naming_the_gpus_and_the_fix(pve: PveEnv, capsys) -> None:
+    pve.set_gpus([{"persistence_mode": "Enabled"}, {"persistence_mode": "Disabled"}, {"persistence_mode": "Disabled"}])
+    assert main(["hosts", "check", "pve", "--json"]) == 0  # a warning, never a failure
+    gpus = next(c for c in json.loads(capsys.readouterr().out)["hosts"][0]["checks"] if c["name"] == "gpus")
+    assert gpus["status"] == "warn"
+    assert gpus["detail"] == ("3 GPUs (NVIDIA H100 80GB HBM3); persistence mode off on GPU 1,2 "
+                              "(on the host: nvidia-smi -pm 1, or enable nvidia-persistenced)")
+
+
 def test_too_few_gpus_for_the_configured_indices_fails(pve: PveEnv, capsys) -> None:
     pve.set_gpus([{}, {}])
     with_gpus = pve_toml(pve, **{"gpus": {"target": [0, 1], "drafters": [2]}})

@@ -182,10 +182,15 @@ class PveEnv(_HostEnv):
         return self.pct("status", str(self.ctid)).stdout.decode().strip() == "status: running"
 
 
+    def set_kernel_log(self, lines: Sequence[str]) -> None:
+        """The Proxmox host's kernel log as `dmesg` prints it there (tests/harness/bin/dmesg reads $PCT_STATE/kmsg)."""
+        (self.sshd.pct_state / "kmsg").write_text("".join(f"{ln}\n" for ln in lines))
+
     def close(self) -> None:
         if self.container_running():
             self.stop_container()
         self.conf.unlink(missing_ok=True)
+        (self.sshd.pct_state / "kmsg").unlink(missing_ok=True)
         self.gpus.set(None)
 
 

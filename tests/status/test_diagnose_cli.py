@@ -25,7 +25,7 @@ def test_seed_scenario_json_contract_and_exit_code(capsys: pytest.CaptureFixture
     code, doc = run_json(capsys, str(SEED_LOG), "--gpus", str(SEED_GPUS))
     assert code == 105
     assert set(doc) == {"schema", "verdict", "final_exception", "root_cause", "stall_shape", "stall_remedy",
-                        "progress", "threads", "signatures", "gpus"}
+                        "progress", "threads", "signatures", "gpus", "gpu_findings", "gpu_action"}
     assert doc["stall_shape"] is None  # degraded: the dead threads are the cause, the idle GPUs their effect
     assert doc["schema"] == 1 and doc["verdict"] == "degraded"
     assert doc["root_cause"] == "drafter-0"  # the first of the three to fail
@@ -44,7 +44,9 @@ def test_seed_scenario_json_contract_and_exit_code(capsys: pytest.CaptureFixture
     assert [g["index"] for g in doc["gpus"]] == list(range(8))
     assert all(isinstance(g["index"], int) and g["finding"] == "idle-allocated" for g in doc["gpus"])
     assert doc["gpus"][0] == {"index": 0, "memory_used_mib": 88283, "memory_total_mib": None,
-                              "utilization_pct": 0, "power_w": None, "finding": "idle-allocated"}
+                              "utilization_pct": 0, "power_w": None, "finding": "idle-allocated",
+                              "health": None, "health_findings": []}
+    assert doc["gpu_findings"] == [] and doc["gpu_action"] is None
 
 
 def test_seed_grep_output_alone_still_names_the_crashed_threads(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,6 +6,7 @@ side is dflashctl/remote/probe.py."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
@@ -19,6 +20,7 @@ from dflashctl.agent.probe.procs import host_gpu_procs, scan_procs
 from dflashctl.agent.probe.xid import xid_report
 
 PROBE_VERSION = 1  # the report's own version (its fields are the contract with `status`)
+CAPTURE_MAX = 1 << 20  # a saved stack capture larger than this is not sent with the status report
 EVENTS_MAX = 64 << 10  # of a run's events.jsonl (the sentinel's timeline: a few hundred bytes per event)
 
 
@@ -54,6 +56,21 @@ def disk_free(path: str) -> dict | None:
             "total_mib": st.f_blocks * st.f_frsize / 1048576.0}
 
 
+def newest_capture(run_dir: str) -> dict | None:
+    """The newest stack capture the run's sentinel saved (stacks/capture-*.json), whole; None when there is none
+    or it is too big to send with every report (`dflashctl stacks` reads live ones)."""
+    folder = os.path.join(run_dir, "stacks")
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.startswith("capture-") and n.endswith(".json"))
+        path = os.path.join(folder, names[-1]) if names else None
+        if path is None or os.path.getsize(path) > CAPTURE_MAX:
+            return None
+        with open(path, "rb") as f:
+            return {"path": path, "doc": json.loads(f.read())}
+    except (OSError, ValueError):
+        return None
+
+
 def report(args: argparse.Namespace, offset, inode, gpu_reader: GpuReader | None = None) -> dict:
     """One report; gpu_reader: the GPU reader a --watch keeps (NVML handles, nvidia-smi's field list), else a
     one-shot read."""
@@ -69,6 +86,7 @@ def report(args: argparse.Namespace, offset, inode, gpu_reader: GpuReader | None
                 doc["log"] = read_log(os.path.join(found[1], "train.log"), offset, args.log_max, inode)
                 if args.events:
                     doc["events_b64"] = log_tail(os.path.join(found[1], "events.jsonl"), EVENTS_MAX)
+                    doc["stacks_capture"] = newest_capture(found[1])
         if args.runs:
             doc["runs"] = list_runs(runs_dir)
     if args.gpus:

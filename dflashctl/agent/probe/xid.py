@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import subprocess
 
-XID_MARK = "NVRM: Xid"
+# the driver's Xid reports, and the bus-loss message it prints without an Xid number (analysis/xids.py counts
+# that as Xid 79)
+XID_MARKS = ("NVRM: Xid", "fallen off the bus", "NVRM: The NVIDIA GPU")
 XID_TIMEOUT_S = 15
 _DMESG_ARGVS = (["dmesg", "--time-format", "iso"], ["dmesg"])
 _JOURNAL_ARGV = ["journalctl", "-k", "-o", "short-iso", "--no-pager"]
@@ -52,5 +54,5 @@ def _xid_run(argv: list[str]) -> tuple[str | None, str]:
 
 
 def _xid_lines(text: str, max_lines: int) -> list[str]:
-    found = [line.rstrip("\r") for line in text.splitlines() if XID_MARK in line]
+    found = [line.rstrip("\r") for line in text.splitlines() if any(m in line for m in XID_MARKS)]
     return found[-max_lines:] if max_lines > 0 else []
