@@ -185,6 +185,8 @@ def test_a_live_supervisor_keeps_the_run_alive_only_while_it_is_ours_and_no_exit
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                                 env={"PATH": os.environ["PATH"]})
     try:
+        # a forked child shows its parent's environment until it has exec'd: wait for the marker it will carry
+        wait_until(lambda: marker_of(sup.pid) == r1, what="the supervisor stand-in's marker")
         rd = _run_dir(tmp_path, r1, gone.pid)
         (rd / "supervisor.pid").write_text(f"{sup.pid}\n")
         state = run_state(r1, str(rd))
@@ -204,6 +206,7 @@ def test_a_live_supervisor_keeps_the_run_alive_only_while_it_is_ours_and_no_exit
         live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                                 env={"PATH": os.environ["PATH"], "DFLASH_RUN_ID": r2})
         try:
+            wait_until(lambda: marker_of(live.pid) == r2, what="the starting supervisor's marker")
             (starting / "supervisor.pid").write_text(f"{live.pid}\n")
             state = run_state(r2, str(starting))
             assert state["alive"] is True and state["ending"] is False  # starting, not ending
