@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from dflashctl.analysis.gpus import PROBE_FIELDS, csv_number, field_name, is_header, na
+from dflashctl.analysis.gpus import PROBE_FIELDS, csv_number, csv_rows, na
 from dflashctl.analysis.xids import XID_TABLE, normalize_pci, recovery_word, xid_info
 from dflashctl.model import GpuAction, GpuHealth, GpuReport, HealthFinding, HealthSeverity, XidEvent
 
@@ -154,24 +154,12 @@ def _from_nvml(d: Mapping[str, object], position: int) -> GpuHealth:
 
 def smi_rows(text: str) -> list[tuple[int, dict[str, str]]]:
     """Each data row of `--query-gpu` CSV keyed by field name (units and the older field names normalised), with its
-    position in its sweep; rows that match no header (nor the probe's headerless PROBE_FIELDS) are left out.
-    The rows gpus.parse_query_csv reads, by its header rules (`is_header`, `field_name`)."""
+    position in its sweep; rows that match no header (nor the probe's headerless PROBE_FIELDS) are left out."""
     out: list[tuple[int, dict[str, str]]] = []
-    cols: tuple[str, ...] | None = None
-    position = 0
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        cells = [c.strip() for c in line.split(",")]
-        if is_header(cells):
-            cols = tuple(_SMI_ALIASES.get(n, n) for n in (field_name(c) for c in cells))
-            position = 0
-            continue
+    for _line, cells, cols, position in csv_rows(text, aliases=_SMI_ALIASES):
         names = cols if cols and len(cols) == len(cells) else PROBE_FIELDS if len(cells) == len(PROBE_FIELDS) else None
         if names is not None:
             out.append((position, dict(zip(names, cells, strict=True))))
-            position += 1
     return out
 
 

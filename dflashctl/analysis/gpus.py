@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from calendar import timegm
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from time import strptime
 from typing import Any
@@ -135,12 +135,13 @@ def _sample(rec: Mapping[str, str], position: int) -> GpuSample:
     )
 
 
-def parse_query_csv(text: str, fields: Sequence[str] | None = None) -> GpuReading:
-    """`--query-gpu` or `--query-compute-apps` CSV (any --format variant); fields names the columns of
-    headerless output when known (else a header in the text, else a guess from units and count)."""
-    samples: list[GpuSample] = []
-    procs: list[GpuProcess] = []
-    cols: tuple[str, ...] | None = tuple(_FIELD_ALIASES.get(f, f) for f in fields) if fields else None
+def csv_rows(text: str, fields: Sequence[str] | None = None,
+             aliases: Mapping[str, str] | None = None) -> Iterator[tuple[str, list[str], tuple[str, ...] | None, int]]:
+    """(line, cells, column names in force, position since the last header) for each data row of `--query-*` CSV:
+    a header line (any --format) names the columns that follow; fields names those of headerless text. The one
+    reader of the rows, for the samples here and the health columns (gpuhealth.py)."""
+    names = {**_FIELD_ALIASES, **(aliases or {})}
+    cols: tuple[str, ...] | None = tuple(names.get(f, f) for f in fields) if fields else None
     position = 0
     for raw in text.splitlines():
         line = raw.strip()
@@ -148,9 +149,19 @@ def parse_query_csv(text: str, fields: Sequence[str] | None = None) -> GpuReadin
             continue
         cells = [c.strip() for c in line.split(",")]
         if is_header(cells):
-            cols = tuple(field_name(c) for c in cells)
+            cols = tuple(names.get(n, n) for n in (field_name(c) for c in cells))
             position = 0
             continue
+        yield line, cells, cols, position
+        position += 1
+
+
+def parse_query_csv(text: str, fields: Sequence[str] | None = None) -> GpuReading:
+    """`--query-gpu` or `--query-compute-apps` CSV (any --format variant); fields names the columns of
+    headerless output when known (else a header in the text, else a guess from units and count)."""
+    samples: list[GpuSample] = []
+    procs: list[GpuProcess] = []
+    for line, cells, cols, position in csv_rows(text, fields):
         if len(cells) < 2 and not (cols and len(cols) == 1):
             raise GpuParseError(f"not nvidia-smi CSV: {line[:100]!r}")
         names = cols if cols and len(cols) == len(cells) else _guess_fields(cells)
@@ -164,7 +175,6 @@ def parse_query_csv(text: str, fields: Sequence[str] | None = None) -> GpuReadin
         if not any(k in rec for k in ("memory.used", "utilization.gpu", "uuid", "power.draw")):
             raise GpuParseError(f"cannot tell which nvidia-smi columns these are: {line[:100]!r}")
         samples.append(_sample(rec, position))
-        position += 1
     return GpuReading(tuple(samples), tuple(procs))
 
 
