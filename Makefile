@@ -32,8 +32,10 @@ sshd-deps:
 test: $(STAMP) sshd-deps
 	$(VENV)/bin/ruff check dflashctl trainer tests benchmarks
 	@# As root the sshd tests must run: a missing sshd is then a failure, not a skip. The Hugging Face
-	@# suite must run too (its stack was installed above). Tests are independent: $(TEST_WORKERS) processes.
+	@# suite must run too (its stack was installed above), and py-spy's tests (its wheel from pip's local sources,
+	@# unpacked into a temp dir, never into the venv). Tests are independent: $(TEST_WORKERS) processes.
 	if [ "$$(id -u)" = 0 ]; then export DFLASHCTL_REQUIRE_SSHD=1; fi; export DFLASHCTL_REQUIRE_HF=1; \
+	  export DFLASHCTL_REQUIRE_PYSPY=1; \
 	  $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS)
 
 demo: $(STAMP)

@@ -96,7 +96,7 @@ def test_stacks_of_the_real_trainer_on_the_local_host(local_host, cli, py_spy, m
     assert supervisor["threads"] == [] and "py-spy is not installed" in supervisor["error"]
     assert alive(pid) and alive(supervisor["pid"])  # neither was signalled to death
 
-    binary, _ = py_spy  # where none can be had offline, test_a_program_…_with_py_spy says so (skipped)
+    binary, _ = py_spy  # where none can be had offline, test_a_program_…_with_py_spy says so
     if binary is not None:
         monkeypatch.setenv("PATH", f"{binary.parent}{os.pathsep}{os.environ['PATH']}")
         spied = cli("stacks", "--json", "--no-save")
@@ -176,6 +176,8 @@ def test_a_program_that_is_not_our_trainer_and_no_py_spy_is_exit_2_in_one_line(l
 def test_a_program_that_is_not_our_trainer_with_py_spy(local_host, cli, py_spy, tmp_path, monkeypatch) -> None:
     binary, why = py_spy
     if binary is None:
+        if os.environ.get("DFLASHCTL_REQUIRE_PYSPY") == "1":  # make test: a missing py-spy is a failure, not a skip
+            pytest.fail(f"no py-spy to test with: {why}")
         pytest.skip(f"no py-spy to test with: {why}")
     monkeypatch.setenv("PATH", f"{binary.parent}{os.pathsep}{without_py_spy(os.environ['PATH'])}")
     pid, _ = launch_threaded(cli, tmp_path)
