@@ -1,25 +1,22 @@
 """The probe's GPU reading per sample with the health fields on, beside the memory/utilisation-only reading it
-replaced, on both paths, and what the laptop spends reading it. Results: benchmarks/results/gpu_probe_cost.md (+ .json).
+replaced, on both paths, and the laptop's reading of it. Results: benchmarks/results/gpu_probe_cost.md (+ .json).
 
     .venv/bin/python benchmarks/gpu_probe_cost.py [--real-only] [--samples N] [--smi-samples N] [--out FILE.md]
 
-(a) nvidia-smi (a subprocess per call): the old query (SMI_QUERY only, as agent/probe/gpus.py ran it before) against
-    SMI_QUERY + SMI_HEALTH through a SmiQuery kept across samples (a --watch) and a fresh one per sample (gpu_report()
-    without a reader: the sentinel, the restart wait), on a current driver and an R470 one (rejects 6 health fields).
-(b) NVML (in-process): the pre-health reading (init, handles, name/uuid/memory/util/power, shutdown, every sample), the
-    same fields with handles kept, the health reading through a fresh GpuReader per sample and a kept one. Calls are
-    counted through a proxy of the bindings (checked against the fake's CALLS); the bindings' own time is that call
-    sequence replayed on them (less the replay loop, timed on a no-op); ours = wall - bindings'.
-(c) the laptop: the `gpus` piece's JSON -> report.parse_gpus -> analysis/gpus.py from_probe [+ gpuhealth.gpu_health +
-    health_findings]. Stand-ins where no GPU is: tests/harness/gpu/nvidia-smi (8 scripted H100s, run as `python3 -S`,
-    python3 linked to this interpreter past any pyenv shim) and tests/harness/fakes/pynvml. A real GPU (nvmlInit works,
-    or a real nvidia-smi on PATH) is measured too, NVML against nvidia-smi; --real-only skips the stand-ins.
+(a) nvidia-smi: the old query (SMI_QUERY, as agent/probe/gpus.py ran it before) vs SMI_QUERY + SMI_HEALTH by a SmiQuery
+    kept (a --watch) and a fresh one per sample (gpu_report() without a reader: the sentinel, the restart wait).
+(b) NVML: the pre-health reading (init, handles, 5 calls per GPU, shutdown, every sample), the same fields with handles
+    kept, health by a fresh GpuReader per sample and by a kept one; calls counted by a proxy of the bindings (and the
+    fake's CALLS); the bindings' own time: the call sequence replayed on them, less the loop's (timed on a no-op).
+(c) the laptop: the piece's JSON -> report.parse_gpus -> gpus.from_probe [+ gpuhealth.gpu_health + health_findings].
+No GPU: tests/harness/gpu/nvidia-smi (8 H100s; `python3 -S`, python3 linked to this interpreter) and
+tests/harness/fakes/pynvml. A real GPU (nvmlInit works / a real nvidia-smi on PATH) is measured too, NVML against
+nvidia-smi; --real-only skips the stand-ins.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import os
@@ -52,6 +49,7 @@ SMI_GPUS = [{"index": i, "memory.used": 70000 + 100 * i, "utilization.gpu": 97, 
 SICK = [dict(g, **{"clocks_event_reasons.active": "0x0000000000000004"},  # all power-capped, GPU 2 ECC errors too
              **({"ecc.errors.uncorrected.volatile.total": 3} if g["index"] == 2 else {})) for g in SMI_GPUS]
 NVML_GPUS = [{"memory_used_mib": 70000 + 100 * i, "utilization_pct": 97, "power_w": 650.0 + i} for i in range(8)]
+P90 = lambda xs: statistics.quantiles(xs, n=10, method="inclusive")[8]  # noqa: E731
 OPEN: list = []  # the kept readers, closed after their table
 
 
@@ -70,17 +68,14 @@ def before_read(lib) -> list:  # noqa: ANN001 - the pre-health probe's _nvml() (
                 power = lib.nvmlDeviceGetPowerUsage(h) / 1000.0
             except lib.NVMLError:
                 power = None
-            out.append({"index": i, "uuid": _nvml_text(uuid), "name": _nvml_text(name), "utilization_pct": util,
-                        "memory_used_mib": mem.used / 1048576.0, "memory_total_mib": mem.total / 1048576.0,
-                        "power_w": power})
+            out.append({"index": i, "uuid": _nvml_text(uuid), "name": _nvml_text(name), "memory_used_mib": mem.used
+                        / 1048576, "memory_total_mib": mem.total / 1048576, "utilization_pct": util, "power_w": power})
         return out
     finally:
         lib.nvmlShutdown()
 
 
-class BaseFieldsReader(NvmlReader):
-    """NvmlReader with the health fields off: name/uuid once, then memory, utilisation, power per read."""
-
+class BaseFieldsReader(NvmlReader):  # the health fields off: name/uuid once, then memory, utilisation, power
     def _read_device(self, index: int, dev: list) -> dict:
         lib, h, static = self.lib, dev[0], dev[1]
         rec: dict = {"index": index, "error": None, "unsupported": [], "field_errors": {}}
@@ -97,9 +92,7 @@ class BaseFieldsReader(NvmlReader):
         return rec
 
 
-class Counting:
-    """The bindings with every nvml* call recorded as [function, args, name, result]."""
-
+class Counting:  # the bindings with every nvml* call recorded as [function, args, name, result]
     def __init__(self, lib) -> None:  # noqa: ANN001
         self._lib, self.calls = lib, []
 
@@ -116,8 +109,7 @@ class Counting:
 
 
 def replay(seq: list, noop: bool = False) -> Callable[[], None]:
-    """The recorded calls straight on the bindings (noop: the same loop calling nothing); a handle the sequence
-    acquired itself is this replay's own."""
+    """The calls straight on the bindings (noop: the loop alone), with the handles this sequence acquires itself."""
     made = [e[3] for e in seq if e[2] == "nvmlDeviceGetHandleByIndex"]
     slot = {id(h): k for k, h in enumerate(made)}
     plan = [((lambda *a: None) if noop else fn, args, name == "nvmlDeviceGetHandleByIndex",
@@ -135,26 +127,11 @@ def replay(seq: list, noop: bool = False) -> Callable[[], None]:
     return run
 
 
-@contextlib.contextmanager
-def using(lib):  # noqa: ANN001, ANN201 - what `import pynvml` gives GpuReader meanwhile
-    saved = sys.modules.get("pynvml")
-    sys.modules["pynvml"] = lib
-    try:
-        yield
-    finally:
-        sys.modules.pop("pynvml", None)
-        if saved is not None:
-            sys.modules["pynvml"] = saved
-
-
 def measure(fns: dict[str, Callable[[], object]], n: int, warmup: int = 2) -> dict[str, dict]:
-    """Per sample and variant (round-robin): wall (perf_counter), this process's CPU (process_time), its children's
-    CPU (RUSAGE_CHILDREN delta); then median / p90 of each; `last`: the last sample's result."""
-    for _ in range(warmup):
-        for f in fns.values():
-            f()
-    raw: dict[str, dict] = {k: {"wall": [], "cpu": [], "child": []} for k in fns}
-    last: dict = {}
+    """Round-robin: wall, this process's CPU, its children's CPU per sample and variant; their medians / p90s."""
+    for f in list(fns.values()) * warmup:
+        f()
+    raw, last = {k: {"wall": [], "cpu": [], "child": []} for k in fns}, {}
     for _ in range(n):
         for k, f in fns.items():
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -162,30 +139,22 @@ def measure(fns: dict[str, Callable[[], object]], n: int, warmup: int = 2) -> di
             last[k] = f()
             t1, c1 = time.perf_counter(), time.process_time()
             r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            raw[k]["wall"].append(t1 - t0)
-            raw[k]["cpu"].append(c1 - c0)
-            raw[k]["child"].append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
+            for m, x in zip(raw[k], (t1 - t0, c1 - c0, r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime),
+                            strict=True):
+                raw[k][m].append(x)
     out = {}
     for k, o in raw.items():
         o["total"] = [a + b for a, b in zip(o["cpu"], o["child"], strict=True)]
-        out[k] = {f"{m}_{s}": f(o[m]) for m in o for s, f in (("med", statistics.median), ("p90", p90))}
+        out[k] = {f"{m}_{s}": f(o[m]) for m in o for s, f in (("med", statistics.median), ("p90", P90))}
         out[k].update(last=last[k], samples={m: [round(x, 7) for x in o[m]] for m in ("wall", "cpu", "child")})
     return out
 
 
-def p90(xs: list[float]) -> float:
-    return statistics.quantiles(xs, n=10, method="inclusive")[8]
-
-
-# --- (a) nvidia-smi ---
-
-def mk_smi_old() -> Callable[[], dict]:
-    def run() -> dict:  # the pre-health probe's call, as it was
-        res = subprocess.run(["nvidia-smi", "--query-gpu=" + SMI_QUERY, "--format=csv,nounits"],
-                             stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
-        assert res.returncode == 0, res.stderr
-        return {"source": "nvidia-smi", "nvml": [], "smi_csv": res.stdout.decode("utf-8", "replace"), "error": None}
-    return run
+def smi_old() -> dict:  # (a) nvidia-smi: the pre-health probe's call, as it was
+    res = subprocess.run(["nvidia-smi", "--query-gpu=" + SMI_QUERY, "--format=csv,nounits"],
+                         stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
+    assert res.returncode == 0, res.stderr
+    return {"source": "nvidia-smi", "nvml": [], "smi_csv": res.stdout.decode("utf-8", "replace"), "error": None}
 
 
 def smi_piece(q: SmiQuery) -> dict:
@@ -194,98 +163,80 @@ def smi_piece(q: SmiQuery) -> dict:
     return {"source": "nvidia-smi", "nvml": [], "smi_csv": csv, "error": None, "smi_missing": list(q.missing)}
 
 
-SMI_ROWS = (("old query: SMI_QUERY only (before the health fields)", mk_smi_old),
+SMI_ROWS = (("old query: SMI_QUERY only (before the health fields)", lambda: smi_old),
             ("health: + SMI_HEALTH, SmiQuery kept (a --watch)", lambda: (lambda q: lambda: smi_piece(q))(SmiQuery())),
-            ("health: + SMI_HEALTH, a fresh SmiQuery each sample (gpu_report())", lambda: lambda: smi_piece(SmiQuery())))
-
-
-def count_runs(f: Callable[[], object]) -> int:
-    with mock.patch.object(subprocess, "run", wraps=subprocess.run) as run:
-        f()
-    return run.call_count
+            ("health: + SMI_HEALTH, a fresh SmiQuery per sample (gpu_report())", lambda: lambda: smi_piece(SmiQuery())))
 
 
 def smi_table(driver: str, n: int) -> list[dict]:
-    calls = [(count_runs(f), count_runs(f)) for f in (make() for _label, make in SMI_ROWS)]
+    calls = []
+    with mock.patch.object(subprocess, "run", wraps=subprocess.run) as run:
+        for _label, make in SMI_ROWS:
+            f = make()
+            c = [run.call_count, f(), run.call_count, f(), run.call_count]  # before, 1st sample, after, 2nd, after
+            calls.append((c[2] - c[0], c[4] - c[2]))
     res = measure({label: make() for label, make in SMI_ROWS}, n)
     return [dict(res[label], label=label, who=driver, vs=0, calls=calls[i], bytes=len(json.dumps(res[label]["last"])))
             for i, (label, _) in enumerate(SMI_ROWS)]
 
 
-# --- (b) NVML ---
-
-def nvml_piece(recs: list) -> dict:
-    return {"source": "nvml", "nvml": recs, "smi_csv": None, "error": None}
-
-
-def kept(reader):  # noqa: ANN001, ANN201
-    OPEN.append(reader)
-    return reader
-
-
+NVML_PIECE = {"source": "nvml", "nvml": [], "smi_csv": None, "error": None}  # (b) NVML
 NVML_ROWS = (  # label, make(bindings) -> one sample, the row it is compared with
     ("before: init + handles + memory/util/power + shutdown, each sample",
-     lambda lib: lambda: nvml_piece(before_read(lib)), 0),
+     lambda lib: lambda: dict(NVML_PIECE, nvml=before_read(lib)), 0),
     ("memory/util/power only, handles kept (health off)",
-     lambda lib: (lambda r: lambda: dict(nvml_piece(r.read()), smi_missing=[]))(kept(BaseFieldsReader(lib))), 0),
+     lambda lib: (lambda r: OPEN.append(r) or (lambda: dict(NVML_PIECE, nvml=r.read(), smi_missing=[])))(
+         BaseFieldsReader(lib)), 0),
     ("health, a fresh GpuReader each sample (gpu_report(): handles re-acquired)", lambda lib: gpu_report, 0),
-    ("health, GpuReader kept (a --watch: handles kept)", lambda lib: kept(GpuReader()).report, 1),
+    ("health, GpuReader kept (a --watch: handles kept)", lambda lib: (lambda r: OPEN.append(r) or r.report)(
+        GpuReader()), 1),
 )
 
 
 def nvml_table(lib, name: str, n: int) -> list[dict]:  # noqa: ANN001
     fake_calls, proxy, counts, seqs = getattr(lib, "CALLS", None), Counting(lib), [], []
-    with using(proxy):
-        for _label, make, _vs in NVML_ROWS:
-            f, before = make(proxy), sum(fake_calls.values()) if fake_calls is not None else 0
-            f()
-            first = len(proxy.calls)
-            proxy.calls.clear()
-            f()
-            seqs.append(proxy.calls[:])
-            proxy.calls.clear()
-            counts.append(((first, len(seqs[-1])), dict(Counter(c[2] for c in seqs[-1]))))
-            if fake_calls is not None:  # the fake's own count agrees with the proxy's
-                assert sum(fake_calls.values()) - before == first + len(seqs[-1]), (first, len(seqs[-1]))
-    with using(lib):
-        fns = {label: make(lib) for label, make, _vs in NVML_ROWS}
-        for (label, _m, _v), seq in zip(NVML_ROWS, seqs, strict=True):
-            fns.update({"replay: " + label: replay(seq), "no-op: " + label: replay(seq, noop=True)})
-        res = measure(fns, n)
+    sys.modules["pynvml"] = proxy  # what `import pynvml` in GpuReader gives, meanwhile
+    for _label, make, _vs in NVML_ROWS:
+        f, fake0, n0 = make(proxy), sum(fake_calls.values()) if fake_calls is not None else 0, len(proxy.calls)
+        c = [f(), len(proxy.calls), f(), len(proxy.calls)]  # 1st sample, after it, 2nd, after it
+        seqs.append(proxy.calls[c[1]:])
+        counts.append(((c[1] - n0, c[3] - c[1]), dict(Counter(e[2] for e in seqs[-1]))))
+        if fake_calls is not None:  # the fake's own count agrees with the proxy's
+            assert sum(fake_calls.values()) - fake0 == c[3] - n0, (c, n0)
+    sys.modules["pynvml"] = lib
+    fns = {label: make(lib) for label, make, _vs in NVML_ROWS}
+    for (label, _m, _v), seq in zip(NVML_ROWS, seqs, strict=True):
+        fns.update({"replay: " + label: replay(seq), "no-op: " + label: replay(seq, noop=True)})
+    res = measure(fns, n)
+    del sys.modules["pynvml"]
     while OPEN:
         OPEN.pop().close()
     rows = []
     for i, (label, _make, vs) in enumerate(NVML_ROWS):
         last = res[label]["last"]
         assert last["source"] == "nvml" and len(last["nvml"]) == counts[i][1].get("nvmlDeviceGetMemoryInfo"), last
+        b = res["replay: " + label]["wall_med"] - res["no-op: " + label]["wall_med"]
         rows.append(dict(res[label], label=label, who=name, vs=vs, calls=counts[i][0], calls_by_name=counts[i][1],
-                         bindings_med=res["replay: " + label]["wall_med"] - res["no-op: " + label]["wall_med"],
-                         bytes=len(json.dumps(last))))
-        rows[-1]["ours_med"] = rows[-1]["wall_med"] - rows[-1]["bindings_med"]
+                         bindings_med=b, ours_med=res[label]["wall_med"] - b, bytes=len(json.dumps(last))))
     return rows
 
 
-# --- (c) the laptop ---
-
-def laptop(text: str, health: bool) -> tuple[int, int | None]:
+def laptop(text: str, health: bool) -> tuple[int, int | None]:  # (c)
     rep = parse_gpus(json.loads(text))
-    samples, _ = from_probe(rep)
-    return len(samples or ()), len(health_findings(gpu_health(rep))) if health else None
+    return len(from_probe(rep)[0] or ()), len(health_findings(gpu_health(rep))) if health else None
 
 
 def parse_inputs(out: list, smi: list[dict] | None, nvml: list[dict] | None, sick: dict | None = None) -> None:
-    """(label, gpus piece, health on, the row it is compared with) for (c), from what (a) and (b) read."""
     if smi:
-        k, csv = len(out), f"nvidia-smi {smi[0]['who']}, health CSV"
-        out += [(f"nvidia-smi {smi[0]['who']}, old CSV: from_probe", smi[0]["last"], False, k),
+        k, csv = len(out), f"{smi[0]['who']}, health CSV"
+        out += [(f"{smi[0]['who']}, old CSV: from_probe", smi[0]["last"], False, k),
                 (f"{csv}: from_probe only", smi[1]["last"], False, k),
                 (f"{csv}: from_probe + gpu_health + health_findings", smi[1]["last"], True, k)]
         out += [(f"{csv}, all 8 power-capped, GPU 2 with ECC errors: the same", sick, True, k)] if sick else []
     if nvml:
-        k = len(out)
-        out += [(f"NVML {nvml[0]['who']}, old records: from_probe", nvml[0]["last"], False, k),
-                (f"NVML {nvml[0]['who']}, health records: from_probe + gpu_health + health_findings", nvml[3]["last"],
-                 True, k)]
+        k, who = len(out), nvml[0]["who"]
+        out += [(f"{who}, old records: from_probe", nvml[0]["last"], False, k),
+                (f"{who}, health records: from_probe + gpu_health + health_findings", nvml[3]["last"], True, k)]
 
 
 def parse_table(inputs: list, n: int) -> list[dict]:
@@ -294,8 +245,6 @@ def parse_table(inputs: list, n: int) -> list[dict]:
     return [dict(res[label], label=label, vs=vs, bytes=len(texts[label]), gpus=res[label]["last"][0],
                  findings=res[label]["last"][1]) for label, _p, _h, vs in inputs]
 
-
-# --- what is here ---
 
 def real_nvml() -> tuple[object | None, str]:
     try:
@@ -313,8 +262,7 @@ def real_nvml() -> tuple[object | None, str]:
 
 
 def real_smi(path: str) -> tuple[str | None, str]:
-    exe = shutil.which("nvidia-smi", path=path)
-    if exe is None or Path(exe).resolve() == STANDIN.resolve():
+    if (exe := shutil.which("nvidia-smi", path=path)) is None or Path(exe).resolve() == STANDIN.resolve():
         return None, "no nvidia-smi on PATH" if exe is None else "the nvidia-smi on PATH is the test stand-in"
     res = subprocess.run([exe, "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True,
                          text=True, timeout=60, check=False)
@@ -324,18 +272,15 @@ def real_smi(path: str) -> tuple[str | None, str]:
     return exe, f"nvidia-smi: {len(lines)} GPUs ({lines[0]})"
 
 
-def load_fake():  # noqa: ANN201 - tests/harness/fakes first on sys.path, its pynvml imported, then all as it was
-    saved = sys.modules.pop("pynvml", None)
+def load_fake():  # noqa: ANN201 - tests/harness/fakes first on sys.path, its pynvml imported, the path restored
+    sys.modules.pop("pynvml", None)  # the installed one (real_nvml's): kept by the caller
     sys.path.insert(0, str(FAKES))
-    try:
-        fake = importlib.import_module("pynvml")
-        assert Path(fake.__file__).resolve().is_relative_to(FAKES), fake.__file__
-        fake.configure({"gpus": NVML_GPUS})
-        return fake
-    finally:
-        sys.path.remove(str(FAKES))
-        sys.modules.pop("pynvml", None)
-        sys.modules.update({"pynvml": saved} if saved is not None else {})
+    fake = importlib.import_module("pynvml")
+    assert Path(fake.__file__).resolve().is_relative_to(FAKES), fake.__file__
+    fake.configure({"gpus": NVML_GPUS})  # (it finds itself in sys.modules)
+    sys.path.remove(str(FAKES))
+    del sys.modules["pynvml"]
+    return fake
 
 
 def stand_in_tables(n: int) -> tuple[list[list[dict]], dict]:
@@ -347,34 +292,24 @@ def stand_in_tables(n: int) -> tuple[list[list[dict]], dict]:
         tables = []
         for driver in ("580.173.02", "470.256.02"):
             (tmp / "gpus.json").write_text(json.dumps({"frames": [SMI_GPUS], "driver": driver}))
-            tables.append(smi_table(f"{driver} (stand-in)", n))
+            tables.append(smi_table(f"nvidia-smi stand-in ({driver})", n))
         (tmp / "gpus.json").write_text(json.dumps({"frames": [SICK]}))
         return tables, smi_piece(SmiQuery())
     finally:
         os.environ["PATH"] = path
-        os.environ.pop("DFLASH_FAKE_GPUS", None)
         shutil.rmtree(tmp)
 
 
-# --- the report ---
-
 HEAD = {"who": "driver / bindings", "label": "reading", "calls": "calls (first / then)", "wall_med": "wall median",
         "wall_p90": "wall p90", "cpu_med": "CPU ours", "cpu_p90": "CPU ours p90", "child_med": "CPU nvidia-smi",
-        "total_med": "CPU total", "total_p90": "CPU total p90", "bindings_med": "bindings' own",
-        "ours_med": "ours (wall − bindings')", "bytes": "piece bytes", "gpus": "GPUs", "findings": "findings", "vs": "vs"}
-
-
-def r2(a: float, b: float) -> str:
-    return f"{a / b:.2f}" if b > 0 else "—"
-
-
-def fmt(x: float, unit: str) -> str:
-    return f"{x * 1e3:.2f} ms" if unit == "ms" else f"{x * 1e6:.1f} µs"
+        "total_med": "CPU total", "total_p90": "CPU total p90", "bindings_med": "bindings' own", "ours_med": "ours",
+        "bytes": "piece bytes", "gpus": "GPUs", "findings": "findings", "vs": "vs"}
 
 
 def table(rows: list[dict], keys: str, unit: str) -> list[str]:
     """One row per dict, numbered per `who` (tables stacked); `÷key`: key's ratio to the row named in `vs`."""
-    keys_ = keys.split()
+    keys_, r2 = keys.split(), lambda a, b: "—" if b <= 0 else f"{a / b:.2f}" if a >= b / 10 else f"{a / b:.2g}"
+    fmt = (lambda x: f"{x * 1e3:.2f} ms") if unit == "ms" else (lambda x: f"{x * 1e6:.1f} µs")
     out = ["| # | " + " | ".join(HEAD[k[1:]] + " ÷ vs" if k[0] == "÷" else HEAD[k] for k in keys_) + " |",
            "|---|" + "---|" * len(keys_)]
     base = 0
@@ -382,7 +317,7 @@ def table(rows: list[dict], keys: str, unit: str) -> list[str]:
         base = i if i and r.get("who") != rows[i - 1].get("who") else base
         b = rows[base + r["vs"]]
         out.append(f"| {i - base + 1} | " + " | ".join(
-            r2(r[k[1:]], b[k[1:]]) if k[0] == "÷" else fmt(r[k], unit) if k.endswith(("_med", "_p90")) else
+            r2(r[k[1:]], b[k[1:]]) if k[0] == "÷" else fmt(r[k]) if k.endswith(("_med", "_p90")) else
             "{} / {}".format(*r[k]) if k == "calls" else str(r[k] + 1) if k == "vs" else
             "—" if r.get(k) is None else str(r[k]) for k in keys_) + " |")
     return out
@@ -404,56 +339,53 @@ def main() -> int:
         return 2
     smi, nvml, inputs = [], [], []
     if not args.real_only:
-        tables, sick = stand_in_tables(args.smi_samples)
-        smi += tables
+        smi[:], sick = stand_in_tables(args.smi_samples)
         nvml.append(nvml_table(load_fake(), "fake pynvml", args.samples))
         parse_inputs(inputs, smi[0], nvml[0], sick)
     if real_exe:
-        smi.append(smi_table("real", args.smi_samples))
+        smi.append(smi_table("real nvidia-smi", args.smi_samples))
     if real_lib:
         nvml.append(nvml_table(real_lib, "real NVML", args.samples))
     if real_exe or real_lib:
         parse_inputs(inputs, smi[-1] if real_exe else None, nvml[-1] if real_lib else None)
     laptop_rows = parse_table(inputs, args.samples)
+    by_name = "; ".join(f"row {i + 1}: " + ", ".join(f"{k.removeprefix('nvmlDevice')} {v}" for k, v in nvml[0][i][
+        "calls_by_name"].items()) for i in (0, 3)) if nvml else "—"
     out = [
         "# The probe's GPU reading: health fields on vs memory/utilisation only, per sample", "",
         f"Command: `{cmd}`  ", f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {platform.platform()}, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, load {load0[0]:.2f} → {os.getloadavg()[0]:.2f}, "
         f"wall {time.monotonic() - t0:.0f} s. Real GPU: {real}.  ",
         f"8 GPUs. {args.smi_samples} samples per nvidia-smi variant, {args.samples} per in-process one, after 2 "
-        "warm-up samples, round-robin (each sample runs every variant of its table once); median and p90 over the "
-        "samples. wall: time.perf_counter; CPU ours: time.process_time (this process); CPU nvidia-smi: its children's "
-        "(getrusage(RUSAGE_CHILDREN) delta); CPU total: both. `X ÷ vs`: this row's median ÷ that of the row numbered "
-        "in `vs`, same run. calls (first / then): on a fresh reader's first sample / each later one. piece bytes: "
-        f"the probe's `gpus` piece as JSON. Health asks {len(SMI_HEALTH)} nvidia-smi columns beyond SMI_QUERY's "
-        f"{len(SMI_QUERY.split(','))}, and 11 NVML calls per GPU per sample where there were 5.", "",
+        "warm-up samples, round-robin (each sample runs every variant of its table once); median and p90 over them. "
+        f"The health fields: {len(SMI_HEALTH)} nvidia-smi columns beside SMI_QUERY's {len(SMI_QUERY.split(','))}.", "",
+        "- **wall**: time.perf_counter per sample; **CPU ours**: time.process_time (this process); **CPU nvidia-smi**: "
+        "its children's (getrusage(RUSAGE_CHILDREN) delta); **CPU total**: both.",
+        "- **calls (first / then)**: nvidia-smi processes / NVML calls on a fresh reader's first sample / each later.",
+        "- **bindings' own**: the row's NVML calls replayed straight on the bindings, less that loop over a no-op; "
+        "**ours**: wall − bindings' own (our Python: NvmlReader, GpuReader, the records).",
+        "- **piece bytes**: the `gpus` piece as JSON (what crosses to the laptop); **vs**: the row it is compared with "
+        "(same table, same run); **X ÷ vs**: this row's median ÷ that row's.", "",
         "## (a) nvidia-smi path: a subprocess per call", "",
         *table([r for t in smi for r in t], "who label calls wall_med wall_p90 cpu_med child_med total_med total_p90 "
                "bytes vs ÷wall_med ÷cpu_med ÷total_med", "ms"), "",
-        "Whose figures: with the stand-in, wall and CPU nvidia-smi are the stand-in's (a Python interpreter starting "
-        "is most of each call), not a real nvidia-smi's (the driver's: not measured here). What holds on a real "
-        "driver: nvidia-smi calls per sample, the piece's size and, roughly, CPU ours (spawn, pipes, decoding).", "",
+        "Whose figures: with the stand-in, wall and CPU nvidia-smi are the stand-in's (most of it a Python start-up), "
+        "not a real nvidia-smi's. Holding on a real driver: calls per sample, bytes, roughly CPU ours (spawn, pipes).",
+        "",
         "## (b) NVML path: in-process", "",
         *table([r for t in nvml for r in t], "who label calls wall_med wall_p90 cpu_med cpu_p90 bindings_med ours_med "
                "bytes vs ÷wall_med ÷cpu_med ÷ours_med", "us"), "",
-        "Whose figures: with the fake pynvml, bindings' own is the fake's Python, not a driver's (each real NVML call "
-        "goes into libnvidia-ml and the kernel driver). What holds on a real driver: NVML calls per sample (each a "
-        "driver call) and ours, our Python per sample beside the bindings (NvmlReader / GpuReader, whatever the "
-        "bindings). Steady calls per sample: " + "; ".join(f"row {i + 1}: " + ", ".join(
-            f"{k.removeprefix('nvmlDevice')} {v}" for k, v in nvml[0][i]["calls_by_name"].items()) for i in (0, 3))
-        + ".", "", "## (c) the laptop's side: the `gpus` piece → readings (+ health findings), 8 GPUs", "",
+        "Whose figures: with the fake, bindings' own is the fake's Python, not a driver's. Holding on a real driver: "
+        f"NVML calls per sample (each a driver call) and ours. Calls per later sample: {by_name}.",
+        "", "## (c) the laptop's side: the `gpus` piece → readings (+ health findings), 8 GPUs", "",
         *table(laptop_rows, "label bytes gpus findings wall_med wall_p90 cpu_med cpu_p90 vs ÷wall_med ÷cpu_med", "us"),
         "", "Whose figures: all ours, the same on a real driver's output (the stand-in prints nvidia-smi's real "
         "formats; NVML records are the probe's own dicts). Paid per GPU reading the laptop reads."]
-    if real_exe and real_lib:
-        s, v = smi[-1], nvml[-1]
-        out += ["", "## (r) real GPU: NVML against nvidia-smi", "", "| reading | nvidia-smi wall | NVML wall | NVML ÷ "
-                "nvidia-smi wall | nvidia-smi CPU total | NVML CPU | NVML ÷ nvidia-smi CPU |", "|---|---|---|---|---|---|---|",
-                *(f"| {w} | {fmt(s[i]['wall_med'], 'ms')} | {fmt(v[j]['wall_med'], 'ms')} | "
-                  f"{r2(v[j]['wall_med'], s[i]['wall_med'])} | {fmt(s[i]['total_med'], 'ms')} | "
-                  f"{fmt(v[j]['cpu_med'], 'ms')} | {r2(v[j]['cpu_med'], s[i]['total_med'])} |"
-                  for w, i, j in (("memory/util only, as before", 0, 0), ("health, kept (a --watch)", 1, 3),
-                                  ("health, afresh each sample", 2, 2)))]
+    if real_exe and real_lib:  # each NVML row against its nvidia-smi one
+        h2h = [dict(x, label=f"{x['who']}: {x['label']}", who="real", vs=2 * k) for k, (i, j) in
+               enumerate(((0, 0), (1, 3), (2, 2))) for x in (smi[-1][i], nvml[-1][j])]
+        out += ["", "## (r) real GPU: NVML against nvidia-smi (`vs`: the same reading by nvidia-smi)", "", *table(
+            h2h, "label calls wall_med wall_p90 total_med total_p90 vs ÷wall_med ÷total_med", "ms")]
     text = "\n".join(out) + "\n"
     print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import time
 from dflashctl.agent.lib.checkpoints import newest_checkpoint
 from dflashctl.agent.lib.procfs import marked_processes
 from dflashctl.agent.lib.rundir import now_iso
-from dflashctl.agent.probe.gpus import gpu_report
+from dflashctl.agent.probe.gpus import GpuReader, gpu_report
 
 SPEC_FILE = "launch_spec.json"  # what the launch was asked to start, for the next attempt
 RESUME_VAR = "DFLASH_RESUME_FROM"  # any program: the previous attempt's run directory
@@ -75,9 +75,10 @@ def _run_gpus(spec: dict) -> list | None:
     return found or None
 
 
-def gpu_memory_mib(indices: list | None) -> dict | None:
-    """index -> MiB used for the GPUs asked for (all when None); None when no GPU can be read."""
-    rep = gpu_report()
+def gpu_memory_mib(indices: list | None, reader: GpuReader | None = None) -> dict | None:
+    """index -> MiB used for the GPUs asked for (all when None); None when no GPU can be read. reader: kept across
+    polls (NVML initialised once; an old driver's nvidia-smi fields found once)."""
+    rep = gpu_report(reader)
     if rep.get("source") == "nvml":
         used = {int(g["index"]): float(g["memory_used_mib"]) for g in rep["nvml"]}
     elif rep.get("smi_csv"):
@@ -101,10 +102,19 @@ def wait_before_start(wait: dict, say) -> dict:  # noqa: ANN001 - say: print a l
         time.sleep(backoff)
     deadline = time.time() + float(wait.get("gpu_wait_s") or 600)
     limit = float(wait.get("gpu_free_mib") or 512)
+    reader = GpuReader()
+    try:
+        return _wait_gone(wait, say, started, deadline, limit, reader)
+    finally:
+        reader.close()
+
+
+def _wait_gone(wait: dict, say, started: float, deadline: float, limit: float,  # noqa: ANN001
+               reader: GpuReader) -> dict:
     said = False
     while True:
         left = marked_processes(wait["after"], wait["after_dir"])
-        used = gpu_memory_mib(wait.get("gpus"))
+        used = gpu_memory_mib(wait.get("gpus"), reader)
         busy = {i: m for i, m in (used or {}).items() if m >= limit}
         if not left and not busy:
             return {"waited_s": round(time.time() - started, 3), "gpu_memory_mib": used, "timed_out": False}
