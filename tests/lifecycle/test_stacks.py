@@ -62,8 +62,11 @@ def check_trainer_stacks(doc: dict, pid: int, method: str) -> None:
         assert t["pid"] == pid and isinstance(t["native_id"], int) and t["frames"], t
         assert t["frames"][0]["line"] and t["frames"][0]["file"], t
         ours = [f for f in t["frames"] if "trainer/" in f["file"]]
-        assert ours and all(f["code"] for f in ours), t  # the line of code, read in the container
-    assert any(f["function"] == "_drafter" for f in threads["drafter-1"]["frames"])
+        assert all(f["code"] for f in ours), t  # the line of code, read in the container
+    # a thread deep in torch (backward, an optimizer step) may show only torch's frames: faulthandler keeps the
+    # innermost 100; most drafters and the coordinator are at their own loop
+    drafters = [threads[n]["frames"] for n in TRAINER_THREADS if n.startswith("drafter-")]
+    assert any(any(f["function"] == "_drafter" for f in frames) for frames in drafters)
     assert any(f["function"] == "_coordinator" for f in threads["coordinator"]["frames"])
 
 

@@ -106,8 +106,8 @@ def test_the_watch_draws_utilisation_memory_and_power_histories_with_the_last_in
     Console(file=out, width=160, color_system=None, force_terminal=False).print(render_view(v, history=True))
     lines = out.getvalue().splitlines()
     header = next(ln for ln in lines if ln.startswith("gpu"))
-    assert header.split() == ["gpu", "memory", "used/total", "util", "power", "finding", "utilisation", "history",
-                              "memory", "history", "power", "history"]
+    assert header.split() == ["gpu", "memory", "used/total", "util", "power", "finding", "health", "utilisation",
+                              "history", "memory", "history", "power", "history"]
     row = next(ln for ln in lines if ln.lstrip().startswith("0 "))
     # the means (65.7 %, 43000 of 143771 MiB, 516.7 W of the 650 W peak) as sparklines, then the last min–max
     assert row.split()[10:] == ["▆▆▆▆", "10–97", "%", "▃▃▃▃", "43000", "MiB", "▇▇▇▇", "300–650", "W"], row
