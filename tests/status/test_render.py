@@ -110,7 +110,7 @@ def test_the_watch_draws_utilisation_memory_and_power_histories_with_the_last_in
                               "history", "memory", "history", "power", "history"]
     row = next(ln for ln in lines if ln.lstrip().startswith("0 "))
     # the means (65.7 %, 43000 of 143771 MiB, 516.7 W of the 650 W peak) as sparklines, then the last min–max
-    assert row.split()[10:] == ["▆▆▆▆", "10–97", "%", "▃▃▃▃", "43000", "MiB", "▇▇▇▇", "300–650", "W"], row
+    assert row.split()[11:] == ["▆▆▆▆", "10–97", "%", "▃▃▃▃", "43000", "MiB", "▇▇▇▇", "300–650", "W"], row
     assert "history" not in text(report(1000.0, STEPS, smi=SMI_BUSY))  # one-shot: no histories
 
 
