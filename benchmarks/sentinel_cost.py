@@ -42,6 +42,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from harness.envs import LocalEnv, toml_str  # noqa: E402
 
 from dflashctl.analysis.logscan import LogScanner  # noqa: E402
+from dflashctl.sentinel.spec import SentinelSpec  # noqa: E402
 
 DFLASHCTL = Path(sys.executable).parent / "dflashctl"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -323,7 +324,8 @@ def main() -> int:
         f"{load1[0]:.1f} at the end (shared machine: others' jobs ran meanwhile); {wall:.0f} s wall. The program is a "
         "small Python log writer launched with `dflashctl launch --exec` on a `local` host (realistic log mix: "
         "tqdm bars, `step N loss X tok/s Y`, INFO, UserWarnings, a worker-thread traceback every window/3 s); the "
-        "nvidia-smi stand-in shows 8 busy GPUs. Sentinel defaults: interval 1 s, GPUs every 5 s, gather 1 s, "
+        "nvidia-smi stand-in shows 8 busy GPUs. Sentinel defaults: interval 1 s, GPUs every 5 s, "
+        f"gather {SentinelSpec(host='x').gather_s:g} s, "
         "min gap 60 s.", "",
         f"## (a) cost over {window:g} s of steady writing (after a {WARMUP_S:g} s warm-up), {args.samples + 1} samples",
         "",
@@ -370,7 +372,8 @@ def main() -> int:
               "the report's base64 round trip and the GPU read are small.", ""]
     lines += [f"## (b) notification latency: traceback raised → webhook POST received ({len(lat)} runs)", "",
               "Each run writes 10 MB/min and raises once in a worker thread 2-3 s in (uniform: a random point of "
-              "the sentinel's 1 s interval); the sentinel batches for 1 s (gather) before it sends.", "",
+              f"the sentinel's 1 s interval); the sentinel batches for {SentinelSpec(host='x').gather_s:g} s (gather) "
+              "before it sends.", "",
               "| runs | min | median | max |", "|---:|---:|---:|---:|",
               f"| {len(lat)} | {min(lat):.2f} s | {statistics.median(lat):.2f} s | {max(lat):.2f} s |", "",
               f"Headline of the message: `{notes[0]['title']}`.", ""]
