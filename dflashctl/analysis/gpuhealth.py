@@ -3,7 +3,8 @@ the kernel log's Xids. Pure: the probe's model.GpuReport and Xid events in, mode
 
 `gpu_health` reads the two shapes analysis/gpus.py reads: the probe's NVML dicts (a field the driver does not support
 arrives as None) and nvidia-smi `--query-gpu` CSV with its header (`[N/A]`, `[Not Supported]` → None, `Enabled` /
-`Yes` → True, `0x…` bitmasks; `clocks_throttle_reasons.*` is what drivers before R535 call `clocks_event_reasons.*`).
+`Yes` → True, `0x…` bitmasks; `clocks_throttle_reasons.*` is what drivers before R535 call `clocks_event_reasons.*`);
+and saved `nvidia-smi -q` text (source "nvidia-smi-q": analysis/smiq.py reads it, and holds the clock-event bits).
 Nothing is guessed: a field missing from an older driver or probe stays None and yields no finding.
 `health_findings` turns readings and Xids into findings with stable ids (FINDINGS, and `xid-N` per XID_TABLE row).
 """
@@ -14,17 +15,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from dflashctl.analysis.gpus import PROBE_FIELDS, csv_number, csv_rows, na
+from dflashctl.analysis.smiq import THROTTLE_BITS as THROTTLE_BITS  # re-exported: its home moved to smiq
+from dflashctl.analysis.smiq import decode_reasons, gpu_health_from_q
 from dflashctl.analysis.xids import XID_TABLE, normalize_pci, recovery_word, xid_info
 from dflashctl.model import GpuAction, GpuHealth, GpuReport, HealthFinding, HealthSeverity, XidEvent
 
 A, S = GpuAction, HealthSeverity
 
-# NVML's nvmlClocksEventReason* bits (nvml.h; pynvml has the same values), named as nvidia-smi names the columns.
-THROTTLE_BITS: dict[int, str] = {
-    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
 _THERMAL, _HW, _POWER_CAP, _POWER_BRAKE = 0x20 | 0x40, 0x8, 0x4, 0x80
 _ACTION_ORDER = tuple(GpuAction)
 _SEVERITY_ORDER = tuple(HealthSeverity)
@@ -96,14 +93,6 @@ FINDINGS: dict[str, FindingSpec] = dict([
           "initialisation and the GPU's state resets between runs.",
           "Enable it on the host: `nvidia-smi -pm 1` (or run nvidia-persistenced)."),
 ])
-
-
-def decode_reasons(mask: int | None) -> tuple[str, ...]:
-    """The bitmask's reasons by nvidia-smi name, lowest bit first; a bit NVML does not define yet as `0x…`."""
-    if mask is None:
-        return ()
-    bits = [1 << i for i in range(mask.bit_length()) if mask >> i & 1]
-    return tuple(THROTTLE_BITS.get(b, f"0x{b:x}") for b in bits)
 
 
 def _int(v: object) -> int | None:
@@ -212,6 +201,8 @@ def gpu_health(report: GpuReport | None) -> list[GpuHealth]:
         for position, rec in smi_rows(report.smi_csv):
             h = _from_smi(rec, position)
             by_index[h.index] = h
+    elif report is not None and report.source == "nvidia-smi-q" and report.smi_csv:
+        by_index.update((h.index, h) for h in gpu_health_from_q(report.smi_csv))
     return [by_index[i] for i in sorted(by_index)]
 
 

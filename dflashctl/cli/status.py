@@ -368,7 +368,8 @@ def diagnose(
     logs: list[Path] = typer.Argument(None, metavar="[LOG]...",
                                       help="copied train.log files (oldest first), or a copied run directory"),
     gpus: list[Path] = typer.Option(None, "--gpus", metavar="FILE",
-                                    help="saved nvidia-smi output (CSV query or plain table; repeatable)"),
+                                    help="saved nvidia-smi output: CSV query, plain table, or `nvidia-smi -q` "
+                                         "(its GPU health only); repeatable"),
     progress_regex: str | None = typer.Option(None, "--progress-regex", metavar="REGEX",
                                               help="your trainer's own progress line: a regex with named groups "
                                                    "step, total, loss, lr, epoch, tok_s, it_s, eta_s"),

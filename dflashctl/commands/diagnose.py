@@ -17,6 +17,7 @@ from dflashctl.analysis.gpus import GpuParseError, parse_nvidia_smi, sweeps
 from dflashctl.analysis.health import Evidence, GpuSweep, Health, ProcessState, judge
 from dflashctl.analysis.logscan import LogReport, LogScanner
 from dflashctl.analysis.progress import ProgressRegexError, custom
+from dflashctl.analysis.smiq import looks_like_q
 from dflashctl.errors import ConfigError
 from dflashctl.model import GpuReport
 
@@ -90,7 +91,8 @@ def _json(path: Path) -> dict[str, Any] | None:
 def diagnose(logs: list[Path], gpu_files: list[Path], *, progress_regex: str | None = None,
              kernel_logs: list[Path] = ()) -> Diagnosis:
     """Judge the given logs (several are read as one, in order), nvidia-smi samples (a --query-gpu CSV with the
-    health columns gives their findings too) and saved kernel logs (`dmesg`, `journalctl -k`: their Xid lines).
+    health columns gives their findings too; a saved `nvidia-smi -q` gives health findings only, no memory or
+    utilisation samples) and saved kernel logs (`dmesg`, `journalctl -k`: their Xid lines).
 
     A run directory as a LOG brings its rotated logs, errors/*.json, heartbeat.json and exit_code.
     progress_regex: the user's own progress format (analysis.progress.custom)."""
@@ -126,12 +128,17 @@ def diagnose(logs: list[Path], gpu_files: list[Path], *, progress_regex: str | N
     last_csv: GpuReport | None = None
     for path in gpu_files:
         text = _read(path).decode("utf-8", "replace")
+        if looks_like_q(text):  # `nvidia-smi -q`: its health readings (analysis/smiq.py), no samples to judge
+            last_csv = GpuReport(source="nvidia-smi-q", smi_csv=text)
+            sources.append(str(path))
+            continue
         last_csv = GpuReport(source="nvidia-smi", smi_csv=text)  # the health columns, where the file has them
         try:
             reading = parse_nvidia_smi(text)
         except GpuParseError as e:
             raise ConfigError(f"{path}: {e}", hint="save `nvidia-smi --query-gpu=index,memory.used,"
-                              "utilization.gpu --format=csv` or plain `nvidia-smi` output") from None
+                              "utilization.gpu --format=csv` or plain `nvidia-smi` output (`nvidia-smi -q`: "
+                              "health only)") from None
         for sw in sweeps(list(reading.samples)):
             times = [s.timestamp for s in sw if s.timestamp is not None]
             gpu_sweeps.append(GpuSweep(max(times) if times else None, sw))
