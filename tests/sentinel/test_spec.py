@@ -75,7 +75,7 @@ def test_a_malformed_idle_limit_is_one_config_error(text: str, message: str) -> 
 
 @pytest.mark.parametrize(("text", "kind", "target"), [
     ("https://hooks.example.invalid/x", None, NotifyTarget("webhook", url="https://hooks.example.invalid/x")),
-    ("webhook:http://10.0.0.5:8080/hook", None, NotifyTarget("webhook", url="http://10.0.0.5:8080/hook")),
+    ("webhook:http://hooks.example.invalid:8080/hook", None, NotifyTarget("webhook", url="http://hooks.example.invalid:8080/hook")),
     ("slack:https://hooks.slack.com/services/T0/B0/secret", None,
      NotifyTarget("slack", url="https://hooks.slack.com/services/T0/B0/secret")),
     ("ntfy:https://ntfy.sh/dflash-runs", None, NotifyTarget("ntfy", url="https://ntfy.sh/dflash-runs")),
@@ -90,7 +90,7 @@ def test_notify_targets_are_parsed_by_their_prefix(text: str, kind: str | None, 
 def test_a_target_label_hides_the_url_path_that_may_hold_a_token() -> None:
     t = parse_target("slack:https://hooks.slack.com/services/T0/B0/secret")
     assert t.label == "slack https://hooks.slack.com/…" and "secret" not in t.label
-    assert parse_target("http://10.0.0.5:8080").label == "webhook http://10.0.0.5:8080"
+    assert parse_target("http://hooks.example.invalid:8080").label == "webhook http://hooks.example.invalid:8080"
     assert t.address == ("hooks.slack.com", 443) and parse_target("http://h:8080/x").address == ("h", 8080)
     assert parse_target("command:true").label == "command 'true'" and parse_target("command:true").address is None
 
