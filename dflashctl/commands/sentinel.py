@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dflashctl.errors import ConfigError
 from dflashctl.model import Host
 from dflashctl.sentinel.spec import (
     Policy,
@@ -43,8 +44,6 @@ def sentinel_spec(host: Host, opts: WatchOptions) -> SentinelSpec | None:
     if opts.enabled is False or (opts.enabled is None and not host.sentinel):
         if any(v is not None for v in (opts.notify, opts.notify_on, opts.on_worker_failure, opts.idle_limit,
                                        opts.stall_limit, opts.restart_on, opts.max_restarts)):
-            from dflashctl.errors import ConfigError
-
             raise ConfigError("--no-sentinel leaves nobody to notify, apply a policy or restart",
                               hint="drop --no-sentinel (or `sentinel = false` for the host), or the other flags")
         return None

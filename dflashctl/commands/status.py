@@ -42,9 +42,10 @@ def _no_run(host: Host, run: str | None) -> NotFound:
 
 def status_once(target: Target, run: str | None = None, *, thresholds: Thresholds | None = None,
                 log_max: int = probe.DEFAULT_LOG_MAX) -> StatusView:
-    """One probe round trip: the log's tail, GPUs, process state → a judged view."""
+    """One probe round trip: the log's tail, GPUs, process state → a judged view (a container host: one more, for
+    the Proxmox host's kernel log)."""
     doc = probe.probe_once(target, target.host.workspace, run or "latest", log_max=log_max, require_run=False,
-                           events=True)
+                           events=True, xid=target.host.container is None)
     if doc.run is None:
         raise _no_run(target.host, run)
     doc = with_xid(target, doc)
@@ -54,8 +55,9 @@ def status_once(target: Target, run: str | None = None, *, thresholds: Threshold
 
 
 def with_xid(target: Target, doc: ProbeReport) -> ProbeReport:
-    """The report with the GPU host's kernel-log Xid lines (one more call: the host's log, not the container's)."""
-    return dataclasses.replace(doc, xid=probe.probe_xid(target))
+    """The report with the GPU host's kernel-log Xid lines: in it already where the probe ran beside the kernel
+    log; for a container host one more call, on the Proxmox host (the container's is not the host's log)."""
+    return doc if doc.xid is not None else dataclasses.replace(doc, xid=probe.probe_xid(target))
 
 
 def with_events(view: StatusView, doc: ProbeReport) -> StatusView:
@@ -85,7 +87,7 @@ def watch(connect: Callable[[], Target], run: str | None = None, *, interval: fl
             try:
                 if w is None:  # first look: the log's tail, then follow from its end
                     doc = probe.probe_once(target, target.host.workspace, run or "latest", log_max=log_max,
-                                           require_run=False, events=True)
+                                           require_run=False, events=True, xid=target.host.container is None)
                     if doc.run is None:
                         raise _no_run(target.host, run)
                     doc = with_xid(target, doc)  # read at the first look (and after each reconnect)

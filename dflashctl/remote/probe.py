@@ -79,7 +79,8 @@ def decode_log(doc: dict) -> bytes:
 
 def probe_args(workspace: str | None, run: str | None = None, log_offset: int | None = None, *,
                procs: bool = False, gpus: bool = True, runs: bool = False, log_max: int = DEFAULT_LOG_MAX,
-               log_inode: int | None = None, pids: tuple[int, ...] = (), events: bool = False) -> list[str]:
+               log_inode: int | None = None, pids: tuple[int, ...] = (), events: bool = False,
+               xid: bool = False) -> list[str]:
     args: list[str] = []
     for pid in pids:
         args += ["--pid", str(int(pid))]
@@ -92,7 +93,8 @@ def probe_args(workspace: str | None, run: str | None = None, log_offset: int | 
     if log_inode is not None:
         args += ["--log-inode", str(int(log_inode))]
     args += ["--log-max", str(int(log_max))]
-    for flag, on in (("--procs", procs), ("--gpus", gpus), ("--runs", runs), ("--events", events)):
+    for flag, on in (("--procs", procs), ("--gpus", gpus), ("--runs", runs), ("--events", events),
+                     ("--xid", xid)):
         if on:
             args.append(flag)
     return args
@@ -101,21 +103,21 @@ def probe_args(workspace: str | None, run: str | None = None, log_offset: int | 
 def probe_once(target: Target, workspace: str, run: str | None = None, log_offset: int | None = None,
                procs: bool = False, gpus: bool = True, *, runs: bool = False, log_max: int = DEFAULT_LOG_MAX,
                log_inode: int | None = None, pids: tuple[int, ...] = (), require_run: bool = True,
-               timeout: float | None = 60, events: bool = False) -> ProbeReport:
+               timeout: float | None = 60, events: bool = False, xid: bool = False) -> ProbeReport:
     """One report. Raises NotFound when `run` was asked for, does not exist and require_run is set.
     pids: processes to report with --procs even when nothing marks them as interesting."""
     return parse_report(probe_doc(target, workspace, run, log_offset, procs, gpus, runs=runs, log_max=log_max,
                                   log_inode=log_inode, pids=pids, require_run=require_run, timeout=timeout,
-                                  events=events))
+                                  events=events, xid=xid))
 
 
 def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset: int | None = None,
               procs: bool = False, gpus: bool = True, *, runs: bool = False, log_max: int = DEFAULT_LOG_MAX,
               log_inode: int | None = None, pids: tuple[int, ...] = (), require_run: bool = True,
-              timeout: float | None = 60, events: bool = False) -> dict:
+              timeout: float | None = 60, events: bool = False, xid: bool = False) -> dict:
     """probe_once's reply as the raw dict the probe sent (its version checked): for tests of the probe itself."""
     args = probe_args(workspace, run, log_offset, procs=procs, gpus=gpus, runs=runs, log_max=log_max,
-                      log_inode=log_inode, pids=pids, events=events)
+                      log_inode=log_inode, pids=pids, events=events, xid=xid)
     res = target.python(build_script(), *args, timeout=timeout)
     docs = parse_frames(res.stdout)
     if not docs:
