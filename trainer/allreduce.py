@@ -1,5 +1,7 @@
 """The drafters' gradient all-reduce: a barrier over the drafter threads that averages their gradients in one
-fixed order, so every replica steps on bit-identical values; a rank that crashed leaves, and the others go on.
+fixed order, so every replica steps on bit-identical values; a rank that crashed leaves, and the others go on —
+unless the run is going to abort for it (`break_group`): then no rank finishes another step, so nothing (a log line,
+a checkpoint) gets past the step the crash happened at, however slowly the main thread notices.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ class AllReduce:
         self.result: Tensor | None = None
         self.result_ready: torch.cuda.Event | None = None
         self.group: tuple[int, ...] = ()
+        self.broken = False
 
     def _maybe_finish(self) -> None:
-        if not self.active or not self.active.issubset(self.slots):
+        if self.broken or not self.active or not self.active.issubset(self.slots):
             return
         ranks = sorted(self.active)
         first = self.slots[ranks[0]][0]
@@ -53,15 +56,23 @@ class AllReduce:
     def mean(self, rank: int, tensor: Tensor, abort: threading.Event) -> tuple[Tensor, tuple[int, ...]]:
         """Returns the mean and the ranks that took part (the lowest one is this step's leader)."""
         with self.cond:
+            if self.broken:
+                raise Aborted()
             gen = self.generation
             self.slots[rank] = (tensor, mark(tensor))
             self._maybe_finish()
             while self.generation == gen:
-                if abort.is_set():
+                if abort.is_set() or self.broken:
                     raise Aborted()
                 self.cond.wait(0.2)
             assert self.result is not None
             return receive(self.result, self.result_ready, tensor.device), self.group
+
+    def break_group(self) -> None:
+        """A rank crashed and the run will abort: everyone waiting (or arriving) raises Aborted."""
+        with self.cond:
+            self.broken = True
+            self.cond.notify_all()
 
     def leave(self, rank: int) -> None:
         with self.cond:

@@ -224,6 +224,10 @@ class Trainer:
                         break
         except Aborted:
             pass
+        except BaseException:
+            if self.sup.on_worker_failure == "abort":
+                self.allreduce.break_group()  # before leave(): the others must not finish this step without us
+            raise
         finally:
             self.allreduce.leave(rank)
         self.sup.set_state(name, FINISHED)

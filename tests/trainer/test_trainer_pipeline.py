@@ -58,6 +58,34 @@ def test_allreduce_mean_is_identical_for_every_rank_and_survives_a_leaver():
     torch.testing.assert_close(result, (vals[0] + vals[1]) / 2)
 
 
+def test_a_broken_group_finishes_no_step_for_a_rank_waiting_or_arriving_later():
+    """A crash under the abort policy: the rank already waiting and one arriving afterwards both raise Aborted, and
+    the crashed rank's leave() does not complete the step for them (no checkpoint past the crash's step)."""
+    from trainer.allreduce import Aborted
+
+    ar, abort = AllReduce([0, 1, 2]), threading.Event()
+    raised: list[int] = []
+
+    def waiting() -> None:
+        try:
+            ar.mean(0, torch.ones(2), abort)
+        except Aborted:
+            raised.append(0)
+
+    t = threading.Thread(target=waiting)
+    t.start()
+    while 0 not in ar.slots:  # rank 0 has put its slot and waits for 1 and 2
+        threading.Event().wait(0.01)
+    ar.break_group()
+    ar.leave(1)
+    t.join(10)
+    try:
+        ar.mean(2, torch.ones(2), abort)
+    except Aborted:
+        raised.append(2)
+    assert raised == [0, 2] and ar.generation == 0 and not abort.is_set()
+
+
 def test_dynamo_config_set_in_main_is_not_seen_by_a_new_thread():
     """Why apply_thread_settings runs inside every thread: torch 2.13 config is per thread (ContextVar)."""
     old = torch._dynamo.config.recompile_limit
