@@ -22,14 +22,14 @@ from dflashctl.model import Host
 
 HOST_KEYS = (
     "transport", "address", "user", "port", "identity_file", "proxy_jump", "container", "workspace",
-    "python", "gpus", "config", "accept_new_host_key",
+    "python", "gpus", "config", "accept_new_host_key", "persist",
     "code_source", "code_max_file_mib", "code_max_total_mib",
     "command", "progress_regex",
     "sentinel", "sentinel_interval", "notify", "on_worker_failure", "idle_limit", "stall_limit", "restart_on",
     "max_restarts", "restart_backoff", "stall_window",
 )
 GPU_KEYS = ("target", "drafters")
-SSH_ONLY = ("address", "user", "port", "identity_file", "proxy_jump", "accept_new_host_key")
+SSH_ONLY = ("address", "user", "port", "identity_file", "proxy_jump", "accept_new_host_key", "persist")
 CONTAINER_WORKSPACE = "/workspace/dflash"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -41,7 +41,7 @@ def host_record(host: Host, *, default: bool) -> dict[str, Any]:
         "address": host.address, "user": host.user, "port": host.port, "identity_file": host.identity_file,
         "proxy_jump": host.proxy_jump, "container": host.container, "workspace": host.workspace,
         "python": host.python, "gpus": {"target": list(host.gpus_target), "drafters": list(host.gpus_drafters)},
-        "config": host.config, "accept_new_host_key": host.accept_new_host_key,
+        "config": host.config, "accept_new_host_key": host.accept_new_host_key, "persist": host.persist_s,
         "code_source": host.code_source, "command": list(host.command) if host.command is not None else None,
         "progress_regex": host.progress_regex,
         "sentinel": host.sentinel, "notify": list(host.notify),
@@ -251,6 +251,10 @@ def _host(name: str, t: dict[str, Any], where: _Where) -> Host:
     accept = t.get("accept_new_host_key", False)
     if type(accept) is not bool:
         raise where.error(name, "accept_new_host_key", f"must be true or false, not {_tname(accept)}")
+    persist = t.get("persist", Host.persist_s)
+    if type(persist) not in (int, float) or not 0 <= persist <= 86400:
+        raise where.error(name, "persist", f"must be seconds from 0 to 86400 (0 = no connection master), "
+                                           f"not {persist!r}")
     gpus = t.get("gpus", {})
     if not isinstance(gpus, dict):
         raise where.error(name, "gpus", "must be a table: gpus.target = [0, 1], gpus.drafters = [2]")
@@ -287,6 +291,7 @@ def _host(name: str, t: dict[str, Any], where: _Where) -> Host:
         gpus_drafters=gpu_lists["drafters"],
         config=string("config"),
         accept_new_host_key=accept,
+        persist_s=float(persist),
         source=where.path,
         **_code_keys(name, t, where),
         command=_command(name, t, where),

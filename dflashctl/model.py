@@ -38,6 +38,7 @@ class Host:
     gpus_drafters: tuple[int, ...] = ()
     config: str | None = None  # trainer config launched when --config is not given
     accept_new_host_key: bool = False
+    persist_s: float = 300.0  # ssh: the connection master's idle time (remote/master.py); 0 = no master
     source: Path | None = None  # the hosts.toml this came from (for error messages)
     code_source: str | None = None  # local directory `deploy` ships when --source is not given (None: our trainer)
     code_max_file_mib: float = 50.0  # deploy refuses a tree with a file bigger than this

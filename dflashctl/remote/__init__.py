@@ -10,8 +10,17 @@ __all__ = ["Result", "Target", "Transport", "LocalTransport", "connect", "shell_
 
 
 def connect(host: Host) -> Target:
-    """A Target for host. SSH connects lazily, on the first command, and is reused until close()."""
+    """A Target for host. SSH connects lazily, on the first command, and is reused until close(); with `persist`
+    (the default) through the host's connection master, so later commands reuse it too (remote/master.py)."""
     if host.transport == "ssh":
+        if host.persist_s > 0:
+            from dflashctl.remote import masterwire
+
+            place = masterwire.place_for(host)
+            if masterwire.fits(place):  # else (a very deep state dir) in-process, as with persist = 0
+                from dflashctl.remote.masterclient import MasterTransport
+
+                return Target(host, MasterTransport(host, place))
         from dflashctl.remote.ssh import SshTransport
 
         return Target(host, SshTransport(host))

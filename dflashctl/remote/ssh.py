@@ -60,6 +60,11 @@ class SshTransport(Transport):
             assert t is not None
             return t
 
+    def is_connected(self) -> bool:
+        """Whether the connection is up now (without connecting): the master exits once it is not."""
+        t = self._clients[-1].get_transport() if self._clients else None
+        return t is not None and t.is_active()
+
     def check_connection(self) -> None:
         """Connect now (raising the mapped error) instead of at the first command."""
         self._transport()
@@ -214,9 +219,7 @@ class SshTransport(Transport):
             while not _pump(chan, out, err):
                 if deadline is not None and time.monotonic() >= deadline:
                     _signal(chan, "KILL")
-                    raise RemoteTimeout(
-                        f"host {self.host.name}: command timed out after {timeout:g}s: {shell_join(argv)[:120]}",
-                        hint="raise --timeout, or check the host is not overloaded")
+                    raise self._timed_out(argv, timeout)
                 wait = _POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))
                 _wait(chan, wait)
             if feeder is not None:
@@ -227,6 +230,10 @@ class SshTransport(Transport):
         finally:
             chan.close()
         return Result(argv, code, bytes(out), bytes(err))
+
+    def _timed_out(self, argv: Sequence[str], timeout: float) -> RemoteTimeout:
+        return RemoteTimeout(f"host {self.host.name}: command timed out after {timeout:g}s: {shell_join(argv)[:120]}",
+                             hint="raise --timeout, or check the host is not overloaded")
 
     def _exit_status(self, chan: paramiko.Channel) -> int:
         """The remote exit status. A channel closed without one is a lost connection when the
