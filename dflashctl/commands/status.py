@@ -8,7 +8,6 @@ the table and `--json` come from that one record.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,22 +41,15 @@ def _no_run(host: Host, run: str | None) -> NotFound:
 
 def status_once(target: Target, run: str | None = None, *, thresholds: Thresholds | None = None,
                 log_max: int = probe.DEFAULT_LOG_MAX) -> StatusView:
-    """One probe round trip: the log's tail, GPUs, process state → a judged view (a container host: one more, for
-    the Proxmox host's kernel log)."""
+    """One round trip: the log's tail, GPUs, process state and the GPU host's kernel-log Xid lines (for a container
+    host read on the Proxmox host by the same ssh command) → a judged view."""
     doc = probe.probe_once(target, target.host.workspace, run or "latest", log_max=log_max, require_run=False,
-                           events=True, xid=target.host.container is None)
+                           events=True, xid=True)
     if doc.run is None:
         raise _no_run(target.host, run)
-    doc = with_xid(target, doc)
     watcher = Watcher(target.host.name, thresholds or host_thresholds(target.host),
                       scanner=LogScanner(host_progress(target.host)))
     return with_events(watcher.update(doc), doc)
-
-
-def with_xid(target: Target, doc: ProbeReport) -> ProbeReport:
-    """The report with the GPU host's kernel-log Xid lines: in it already where the probe ran beside the kernel
-    log; for a container host one more call, on the Proxmox host (the container's is not the host's log)."""
-    return doc if doc.xid is not None else dataclasses.replace(doc, xid=probe.probe_xid(target))
 
 
 def with_events(view: StatusView, doc: ProbeReport) -> StatusView:
@@ -87,10 +79,9 @@ def watch(connect: Callable[[], Target], run: str | None = None, *, interval: fl
             try:
                 if w is None:  # first look: the log's tail, then follow from its end
                     doc = probe.probe_once(target, target.host.workspace, run or "latest", log_max=log_max,
-                                           require_run=False, events=True, xid=target.host.container is None)
+                                           require_run=False, events=True, xid=True)
                     if doc.run is None:
                         raise _no_run(target.host, run)
-                    doc = with_xid(target, doc)  # read at the first look (and after each reconnect)
                     w = Watcher(target.host.name, thresholds or host_thresholds(target.host), live=True,
                                 scanner=LogScanner(host_progress(target.host)))
                     yield with_events(w.update(doc), doc)

@@ -42,10 +42,10 @@ from dflashctl.errors import DflashError, ExitCode, NotFound
 from dflashctl.model import HostGpuReport
 from dflashctl.remote.scripts import module_source, parse_replies, parse_reply
 from dflashctl.remote.target import Target
-from dflashctl.report import ProbeReport, XidReport, check_version, parse_report
+from dflashctl.report import ProbeReport, check_version, parse_report
 
 __all__ = ["PROBE_VERSION", "build_script", "decode_log", "parse_frames", "probe_args", "probe_doc",
-           "probe_host_gpu_procs", "probe_xid", "probe_once", "probe_stream", "stream_docs"]
+           "probe_host_gpu_procs", "probe_once", "probe_stream", "stream_docs"]
 
 DEFAULT_LOG_MAX = 1 << 20
 
@@ -115,18 +115,38 @@ def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset
               procs: bool = False, gpus: bool = True, *, runs: bool = False, log_max: int = DEFAULT_LOG_MAX,
               log_inode: int | None = None, pids: tuple[int, ...] = (), require_run: bool = True,
               timeout: float | None = 60, events: bool = False, xid: bool = False) -> dict:
-    """probe_once's reply as the raw dict the probe sent (its version checked): for tests of the probe itself."""
+    """probe_once's reply as the raw dict the probe sent (its version checked): for tests of the probe itself.
+    xid: the GPU host's kernel-log Xid lines too — beside the probe where it runs on the GPU host, and for a
+    container host from the Proxmox host in the same round trip (agent/hostpair.py)."""
+    paired = xid and target.host.container is not None
     args = probe_args(workspace, run, log_offset, procs=procs, gpus=gpus, runs=runs, log_max=log_max,
-                      log_inode=log_inode, pids=pids, events=events, xid=xid)
-    res = target.python(build_script(), *args, timeout=timeout)
+                      log_inode=log_inode, pids=pids, events=events, xid=xid and not paired)
+    if paired:
+        res = target.run_host(["python3", "-c", hostpair_source(), str(target.host.container), target.host.python,
+                               *args], stdin=build_script().encode(), timeout=timeout)
+    else:
+        res = target.python(build_script(), *args, timeout=timeout)
     docs = parse_frames(res.stdout)
-    if not docs:
+    main = [d for d in docs if "xid" not in d] if paired else docs
+    if not main:
+        if paired and res.exit_code not in (0, 127):
+            target.ensure_running()  # a stopped or unknown container: the precise one-line error
         raise _no_report(target, res.exit_code, res.tail())
-    doc = docs[-1]
+    doc = main[-1]
+    if paired:
+        found = [d["xid"] for d in docs if isinstance(d.get("xid"), dict)]
+        doc["xid"] = found[-1] if found else {"error": "the Proxmox host's kernel-log probe printed no report "
+                                                       "(is python3 installed there?)"}
     if run and require_run and doc.get("run") is None:
         raise NotFound(f"run {run!r} not found in {workspace}/runs on {target.host.name}",
                        hint="list runs with `dflashctl runs`")
     return doc
+
+
+@lru_cache(maxsize=1)
+def hostpair_source() -> str:
+    """agent/hostpair.py as it travels (an argument to `python3 -c`; the probe itself goes on stdin)."""
+    return module_source("hostpair")
 
 
 def probe_stream(target: Target, workspace: str, run: str | None, log_offset: int | None, interval: float,
@@ -171,20 +191,6 @@ def stream_docs(target: Target, workspace: str, run: str | None, log_offset: int
             close()
     if not got:
         raise _no_report(target, None, "the watch probe ended without a report")
-
-
-def probe_xid(target: Target, timeout: float | None = 30) -> XidReport:
-    """The kernel log's NVIDIA Xid lines where the GPUs' driver logs them: on the Proxmox host for a container host
-    (an LXC container may not read the host's kernel ring buffer), else on the target itself."""
-    argv = ["python3" if target.host.container is not None else target.host.python, "-", "--xid"]
-    run = target.run_host if target.host.container is not None else target.run
-    res = run(argv, stdin=build_script().encode(), timeout=timeout)
-    docs = parse_frames(res.stdout)
-    found = parse_report(docs[-1]).xid if docs else None
-    if found is None:
-        return XidReport(None, (), f"kernel-log probe printed no report (exit {res.exit_code}): "
-                         f"{res.tail() or 'no output'}")
-    return found
 
 
 def probe_host_gpu_procs(target: Target, timeout: float | None = 60) -> HostGpuReport:

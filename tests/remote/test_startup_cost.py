@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from harness.envs import PveEnv
 
+from dflashctl.commands.status import status_once
 from dflashctl.errors import ContainerNotRunning, NotFound
-from dflashctl.remote import Target, connect
+from dflashctl.remote import Target, connect, probe
 from dflashctl.remote.transport import Result, Transport
 
 
@@ -66,6 +67,32 @@ def test_a_stopped_or_unknown_container_still_gives_the_precise_one_line_error(p
     target, _ = recorded(replace(pve.host, container=999))
     with target, pytest.raises(NotFound, match="999.conf"):
         target.run(["true"])
+
+
+XID_79 = ("[Tue Dec  1 16:20:11 2026] NVRM: Xid (PCI:0000:1e:00): 79, pid=4242, name=python3, "
+          "GPU has fallen off the bus.")
+
+
+def test_one_shot_status_of_a_container_host_reads_the_run_and_the_hosts_kernel_log_in_one_round_trip(
+        pve: PveEnv) -> None:
+    pve.set_kernel_log([XID_79])
+    target, rec = recorded(pve.host)
+    with target:
+        doc = probe.probe_doc(target, pve.host.workspace, "latest", require_run=False, events=True, xid=True)
+        with pytest.raises(NotFound, match="no run"):
+            status_once(target)
+    assert [c[:2] for c in rec.calls] == [["python3", "-c"], ["python3", "-c"]]  # one ssh command each
+    assert doc["hostname"] and doc["run"] is None  # the container probe's own report
+    assert doc["xid"]["lines"] and "Xid (PCI:0000:1e:00): 79" in doc["xid"]["lines"][0]
+
+
+def test_one_shot_status_of_a_stopped_container_still_gives_the_precise_one_line_error(pve: PveEnv) -> None:
+    pve.stop_container()
+    target, rec = recorded(pve.host)
+    with target, pytest.raises(ContainerNotRunning) as exc:
+        status_once(target)
+    assert exc.value.message == f"host pve: container {pve.ctid} is not running (status: stopped)"
+    assert [c[:2] for c in rec.calls] == [["python3", "-c"], ["pct", "status"]]
 
 
 def _imports_after(code: str) -> set[str]:
