@@ -10,11 +10,11 @@ timeout once, not once per host.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dflashctl.errors import DflashError, ExitCode
+from dflashctl.commands.fanout import fan_out
+from dflashctl.errors import DflashError, ExitCode, RemoteTimeout
 from dflashctl.model import Host
 from dflashctl.remote import connect
 from dflashctl.remote.scripts import module_source, parse_replies
@@ -70,12 +70,13 @@ def check_record(reports: Sequence[HostReport]) -> dict[str, Any]:
     return {"ok": all(r.ok for r in reports), "hosts": [r.to_json() for r in reports]}
 
 
-def check_hosts(hosts: Sequence[Host], *, timeout: float = 60.0) -> list[HostReport]:
-    """Check every host concurrently; reports come back in the order given."""
-    if not hosts:
-        return []
-    with ThreadPoolExecutor(max_workers=min(8, len(hosts)), thread_name_prefix="hosts-check") as pool:
-        return list(pool.map(lambda h: check_host(h, timeout=timeout), hosts))
+def check_hosts(hosts: Sequence[Host], *, timeout: float = 60.0, workers: int = 16) -> list[HostReport]:
+    """Check every host concurrently; reports come back in the order given. A host still not done 30 s after
+    the check's own timeout is reported as not answering, and the others do not wait for it."""
+    def late(host: Host, seconds: float) -> HostReport:
+        return _stop(HostReport(host), "connect", RemoteTimeout(f"host {host.name}: no answer within {seconds:g} s"))
+
+    return fan_out(hosts, lambda h: check_host(h, timeout=timeout), late, workers=workers, deadline_s=timeout + 30)
 
 
 def check_host(host: Host, *, timeout: float = 60.0) -> HostReport:

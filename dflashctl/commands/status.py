@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +18,9 @@ from dflashctl.analysis.logscan import LogScanner
 from dflashctl.analysis.stacks import processes_from_capture
 from dflashctl.analysis.watcher import StatusView, Watcher
 from dflashctl.commands._runs import host_progress, host_thresholds
+from dflashctl.commands.fanout import HOST_DEADLINE_S, fan_out
 from dflashctl.commands.waiting import next_attempt
-from dflashctl.errors import ConnectFailed, DflashError, NotFound, RemoteTimeout
+from dflashctl.errors import ConnectFailed, DflashError, ExitCode, NotFound, RemoteTimeout
 from dflashctl.model import Host
 from dflashctl.remote import probe
 from dflashctl.remote.target import Target
@@ -130,9 +130,10 @@ class HostLine:
         return {"host": self.host, "error": None, **self.view.to_record()}
 
 
-def status_all(hosts: list[Host], connect: Callable[[Host], Target], *,
-               thresholds: Thresholds | None = None, workers: int = 16) -> list[HostLine]:
-    """Every host at once (a slow host costs its own timeout, not everyone's)."""
+def status_all(hosts: list[Host], connect: Callable[[Host], Target], *, thresholds: Thresholds | None = None,
+               workers: int = 16, deadline_s: float = HOST_DEADLINE_S) -> list[HostLine]:
+    """Every host at once, one connection each, in the order given; a host that does not answer within
+    deadline_s is a row saying so, and the others do not wait for it."""
     def one(host: Host) -> HostLine:
         try:
             with connect(host) as target:
@@ -141,10 +142,11 @@ def status_all(hosts: list[Host], connect: Callable[[Host], Target], *,
         except DflashError as e:
             return HostLine(host.name, error=e.message, exit_code=int(e.exit_code))
 
-    if not hosts:
-        return []
-    with ThreadPoolExecutor(max_workers=min(workers, len(hosts))) as pool:
-        return list(pool.map(one, hosts))
+    def late(host: Host, seconds: float) -> HostLine:
+        return HostLine(host.name, error=f"host {host.name}: no answer within {seconds:g} s",
+                        exit_code=int(ExitCode.NOT_FINISHED))
+
+    return fan_out(hosts, one, late, workers=workers, deadline_s=deadline_s)
 
 
 def is_failure(v: StatusView) -> bool:
