@@ -4,6 +4,7 @@ tests/harness/README.md; `sshd_server`, `pve` and `local_host` are the public fi
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +59,59 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SSHD_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.sshd)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ssh_masters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every ssh connection master of this test session lives in a directory of its own (under a short path: a
+    UNIX socket's name has ~107 bytes), and ends with the session: none outlives the test run."""
+    import tempfile
+
+    from dflashctl.remote.masterclient import end_master, list_masters
+
+    state = Path(tempfile.mkdtemp(prefix="dfm-", dir="/tmp"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DFLASHCTL_STATE_DIR", str(state))
+        try:
+            yield state / "masters"
+        finally:
+            for m in list_masters(state / "masters"):
+                end_master(m)
+            _end_strays(state)
+            shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture
+def fresh_masters(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A state dir of this test's own: the ssh masters it starts are its alone, and end with it."""
+    import tempfile
+
+    from dflashctl.remote.masterclient import end_master, list_masters
+
+    state = Path(tempfile.mkdtemp(prefix="dfm-", dir="/tmp"))
+    monkeypatch.setenv("DFLASHCTL_STATE_DIR", str(state))
+    try:
+        yield state / "masters"
+    finally:
+        for m in list_masters(state / "masters"):
+            end_master(m)
+        _end_strays(state)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _end_strays(state: Path) -> None:
+    """Masters of this session that left no info file (killed mid-start): found by their socket path, by pid."""
+    import contextlib
+    import signal
+
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"dflashctl.remote.master" in cmdline and any(a.startswith(os.fsencode(str(state))) for a in cmdline):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from dflashctl.cli.app import app
-from dflashctl.cli.common import Exit, HostsOpt, JsonOpt, console, error, print_json
-from dflashctl.config import load_inventory
-from dflashctl.model import Host
+from dflashctl.cli.common import Exit, HostsOpt, JsonOpt, console, error, escape, print_json
+
+if TYPE_CHECKING:
+    from dflashctl.model import Host
 
 hosts_app = typer.Typer(
     help="The hosts inventory (hosts.toml): list it, or check that hosts are ready.",
@@ -39,6 +39,10 @@ def _gpus(host: Host) -> str:
 @hosts_app.callback(invoke_without_command=True)
 def hosts_list(ctx: typer.Context, hosts: Path | None = HostsOpt, json_out: bool = JsonOpt) -> None:
     """List the hosts of the inventory (the default one is marked *)."""
+    from rich.table import Table
+
+    from dflashctl.config import load_inventory
+
     ctx.obj = hosts
     if ctx.invoked_subcommand is not None:
         return
@@ -71,7 +75,10 @@ def hosts_check(
     """Connect to each host and check: container running, python, nvidia-smi + GPUs, workspace, disk.
 
     Exit 0 only when every check passes (warnings pass). Hosts are checked concurrently."""
+    from rich.table import Table
+
     from dflashctl.commands.hosts import check_exit_code, check_hosts, check_record
+    from dflashctl.config import load_inventory
 
     inv = load_inventory(hosts or ctx.obj)
     selected = [inv.get(n) for n in names] if names else [inv.hosts[n] for n in inv.names()]
@@ -98,3 +105,21 @@ def hosts_check(
             for c in r.problems():
                 error(f"host {r.host.name}: {c.name}: {c.detail}")
     raise Exit(code)
+
+
+@hosts_app.command("disconnect")
+def hosts_disconnect(
+    ctx: typer.Context,
+    names: list[str] | None = typer.Argument(None, metavar="HOST", help="hosts whose ssh master to end (default: all)"),
+    hosts: Path | None = HostsOpt,
+) -> None:
+    """End the background ssh connection masters (all of yours, or those of HOST). Exit 0 also when none runs."""
+    from dflashctl.commands.hosts import disconnect
+    from dflashctl.config import load_inventory
+
+    selected = [load_inventory(hosts or ctx.obj).get(n) for n in names] if names else None
+    ended = disconnect(selected)
+    for m in ended:
+        console.print(f"ended the ssh master for {escape(m.host)} ({escape(m.endpoint)}, pid {m.pid})")
+    if not ended:
+        console.print("no ssh master was running" + (f" for {', '.join(map(escape, names))}" if names else ""))

@@ -17,6 +17,8 @@ from dflashctl.commands.fanout import fan_out
 from dflashctl.errors import DflashError, ExitCode, RemoteTimeout
 from dflashctl.model import Host
 from dflashctl.remote import connect
+from dflashctl.remote.masterclient import MasterInfo, end_master, list_masters
+from dflashctl.remote.masterwire import connection_key
 from dflashctl.remote.scripts import module_source, parse_replies
 
 Status = Literal["ok", "warn", "fail", "skip"]
@@ -186,3 +188,14 @@ def _judge_gpus(host: Host, smi: dict[str, Any] | None) -> Check:
         return Check("gpus", "warn", f"{text}; persistence mode off on GPU {','.join(map(str, off))} "
                                      "(on the host: nvidia-smi -pm 1, or enable nvidia-persistenced)")
     return Check("gpus", "ok", text)
+
+
+def disconnect(hosts: Sequence[Host] | None = None) -> list[MasterInfo]:
+    """`hosts disconnect`: end the ssh connection masters of `hosts` (all of this user's when None) and say which
+    ones were running. A master is one host's when it holds that host's connection (or was started under its name)."""
+    masters = list_masters()
+    if hosts is not None:
+        keys = {connection_key(h) for h in hosts if h.transport == "ssh"}
+        names = {h.name for h in hosts}
+        masters = [m for m in masters if m.place.key in keys or m.host in names]
+    return [m for m in masters if end_master(m)]

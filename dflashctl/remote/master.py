@@ -101,12 +101,38 @@ class Master:
             self.why = why
             self.stopping.set()
 
-    def cleanup(self) -> None:
-        if self.ours():
-            self.place.sock.unlink(missing_ok=True)
-            info = wire.read_info(self.place.info)
-            if info is not None and info.get("pid") == os.getpid():
-                self.place.info.unlink(missing_ok=True)
+    def retire(self) -> None:
+        """Remove our socket and info file (not a successor's): no new client reaches this master."""
+        with self.lock:
+            if self.ours():
+                self.place.sock.unlink(missing_ok=True)
+                info = wire.read_info(self.place.info)
+                if info is not None and info.get("pid") == os.getpid():
+                    self.place.info.unlink(missing_ok=True)
+
+    def shut(self, listener: socket.socket) -> None:
+        """Leave no client without an answer: the socket goes first (new commands start a new master), clients
+        already queued on it are answered GONE (nothing ran), then commands in flight get to send their result."""
+        self.retire()
+        listener.setblocking(False)
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                break
+            conn.settimeout(5)
+            with self.lock:
+                self.active += 1
+            self.handle(conn)  # stopping is set: it reads the request and answers GONE
+        listener.close()
+        if self.why in ("disconnected", "terminated"):
+            self.transport.close()  # commands in flight end now, as `ssh -O exit` ends them
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.active == 0:
+                    break
+            time.sleep(0.02)
         self.transport.close()
 
     # -- one client ----------------------------------------------------------------------------------------------
@@ -139,8 +165,9 @@ class Master:
                 break
             stdin += frame[1]
         if self.stopping.is_set() or not self.transport.is_connected():
-            wire.send(conn, wire.GONE)  # nothing ran: the client starts a new master and sends it there
             self.stop("connection lost")
+            self.retire()  # before answering: the client's next try must find no socket and start a new master
+            wire.send(conn, wire.GONE)  # nothing ran: the client sends it to the new master
             return
         hung_up = threading.Event()
         threading.Thread(target=_watch_hangup, args=(conn, hung_up), name="master-hangup", daemon=True).start()
@@ -222,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     place = wire.Place(sock.parent, sock.name.removesuffix(".sock"))
     if os.fork():
         os._exit(0)  # the starter reaps this one at once; the master goes on as nobody's child
+    os.umask(0o077)  # its files (socket, info) are the user's alone
     transport = SshTransport(host)
     try:
         transport.check_connection()
@@ -245,8 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         why = master.serve(listener)
     finally:
-        listener.close()
-        master.cleanup()
+        master.shut(listener)
     print(f"master for {host.name} exits: {why}", file=sys.stderr)
     return 0
 

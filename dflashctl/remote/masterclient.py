@@ -129,12 +129,11 @@ class MasterTransport(Transport):
             except (OSError, wire.WireError):
                 sock.close()
                 raise self._lost() from None
-            if frame is not None and frame[0] == wire.GONE:
-                sock.close()
-                if attempt == 1:
-                    self._start(replacing=True)
-                    continue
-            return sock, frame
+            if frame is None or frame[0] != wire.GONE:
+                return sock, frame
+            sock.close()
+            if attempt == 1:
+                self._start(replacing=True)  # the GONE master has removed its socket: this starts a new one
         raise self._lost()
 
     def _lost(self) -> ConnectFailed:

@@ -5,6 +5,7 @@ through every way dflashctl reaches a machine (local, ssh, ssh + pct exec). The 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from harness.envs import PveEnv
@@ -36,11 +37,14 @@ def roundtrip(target: Target, argv: list[str], stdin: bytes | None) -> None:
     assert res.stderr == b""
 
 
-@pytest.fixture(scope="module")
-def ssh_host(sshd_server: SshdServer) -> Iterator[Target]:
+PERSIST = {"master": 300.0, "in-process": 0.0}  # through a connection master, and without one (persist = 0)
+
+
+@pytest.fixture(scope="module", params=list(PERSIST))
+def ssh_host(sshd_server: SshdServer, request: pytest.FixtureRequest) -> Iterator[Target]:
     """One persistent ssh connection (no container) for the whole module."""
     host = Host(name="ssh", transport="ssh", address=sshd_server.address, port=sshd_server.port, user="root",
-                identity_file=str(sshd_server.client_key))
+                identity_file=str(sshd_server.client_key), persist_s=PERSIST[request.param])
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DFLASHCTL_KNOWN_HOSTS", str(sshd_server.known_hosts))
         mp.setenv("DFLASHCTL_SSH_CONFIG", "/dev/null")
@@ -48,15 +52,18 @@ def ssh_host(sshd_server: SshdServer) -> Iterator[Target]:
             yield target
 
 
-@pytest.fixture(scope="module")
-def pct_host(sshd_server: SshdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+@pytest.fixture(scope="module", params=list(PERSIST))
+def pct_host(sshd_server: SshdServer, tmp_path_factory: pytest.TempPathFactory,
+             request: pytest.FixtureRequest) -> Iterator[Target]:
     """ssh + `pct exec CTID --` into a running test container, one connection for the module."""
     env = PveEnv(sshd_server, tmp_path_factory.mktemp("pct-roundtrip"))
     try:
         with pytest.MonkeyPatch.context() as mp:
             for k, v in env.env.items():
                 mp.setenv(k, v)
-            with env.connect() as target:
+            with connect(replace(env.host, persist_s=PERSIST[request.param])) as target:
+                assert target.transport.name == "ssh" and (type(target.transport).__name__ == "MasterTransport") \
+                    == (request.param == "master")
                 yield target
     finally:
         env.close()

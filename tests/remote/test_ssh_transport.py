@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import paramiko
@@ -24,9 +25,23 @@ from dflashctl.errors import (
     RemoteTimeout,
 )
 from dflashctl.model import Host
+from dflashctl.remote.masterclient import MasterTransport
 from dflashctl.remote.proxycommand import ProxyCommand
 from dflashctl.remote.ssh import SshTransport
 from dflashctl.remote.sshconfig import parse_jump
+from dflashctl.remote.transport import Transport
+
+Make = Callable[..., Transport]
+
+
+@pytest.fixture(params=["in-process", "master"])
+def make(request: pytest.FixtureRequest) -> Make:
+    """Each behaviour twice: SshTransport in this process, and through a connection master (a fresh one per test, in
+    a state dir of its own, ended after it)."""
+    if request.param == "in-process":
+        return SshTransport
+    request.getfixturevalue("fresh_masters")
+    return MasterTransport
 
 
 @pytest.fixture
@@ -60,66 +75,72 @@ def new_key(tmp_path: Path, name: str = "other") -> Path:
     return key
 
 
-def test_every_command_of_a_transport_shares_one_ssh_connection(server: SshdServer) -> None:
+def test_every_command_of_a_transport_shares_one_ssh_connection(make: Make, server: SshdServer) -> None:
     before = logins(server)
-    with SshTransport(ssh_host(server)) as t:
+    with make(ssh_host(server)) as t:
         for i in range(20):
             assert t.run(["echo", str(i)]).out == f"{i}\n"
         assert list(t.stream(["printf", "a\\nb\\n"])) == [b"a\n", b"b\n"]
     assert logins(server) - before == 1
 
 
-def test_nothing_connects_until_the_first_command(server: SshdServer) -> None:
+def test_nothing_connects_until_the_first_command(make: Make, server: SshdServer) -> None:
     before = logins(server)
-    t = SshTransport(ssh_host(server, port=closed_port()))  # would fail if it connected here
+    t = make(ssh_host(server, port=closed_port()))  # would fail if it connected here
     t.close()
     assert logins(server) == before
 
 
-def test_exit_status_stdout_and_stderr_come_back_separately(server: SshdServer) -> None:
-    with SshTransport(ssh_host(server)) as t:
+def test_exit_status_stdout_and_stderr_come_back_separately(make: Make, server: SshdServer) -> None:
+    with make(ssh_host(server)) as t:
         res = t.run(["sh", "-c", "echo out; echo err >&2; exit 7"])
     assert (res.exit_code, res.stdout, res.stderr) == (7, b"out\n", b"err\n")
 
 
-def test_a_command_killed_by_a_signal_exits_255_and_the_connection_is_not_called_lost(server: SshdServer) -> None:
-    with SshTransport(ssh_host(server)) as t:
+def test_a_command_killed_by_a_signal_exits_255_and_the_connection_is_not_called_lost(
+    make: Make, server: SshdServer
+) -> None:
+    with make(ssh_host(server)) as t:
         assert t.run(["sh", "-c", "kill -9 $$"]).exit_code == 255
         assert t.run(["true"]).ok
 
 
-def test_megabytes_of_binary_stdin_and_stdout_pass_without_deadlock(server: SshdServer) -> None:
+def test_megabytes_of_binary_stdin_and_stdout_pass_without_deadlock(make: Make, server: SshdServer) -> None:
     data = os.urandom(4 * 1024 * 1024)
-    with SshTransport(ssh_host(server)) as t:
+    with make(ssh_host(server)) as t:
         res = t.run(["sh", "-c", "cat; head -c 3000000 /dev/zero >&2"], stdin=data, timeout=120)
     assert res.ok and res.stdout == data and res.stderr == b"\0" * 3000000
 
 
-def test_command_without_stdin_sees_end_of_file(server: SshdServer) -> None:
-    with SshTransport(ssh_host(server)) as t:
+def test_command_without_stdin_sees_end_of_file(make: Make, server: SshdServer) -> None:
+    with make(ssh_host(server)) as t:
         assert t.run(["wc", "-c"], timeout=30).out.strip() == "0"
 
 
-def test_a_command_past_its_timeout_raises_remote_timeout_and_the_connection_stays_usable(server: SshdServer) -> None:
-    with SshTransport(ssh_host(server)) as t:
+def test_a_command_past_its_timeout_raises_remote_timeout_and_the_connection_stays_usable(
+    make: Make, server: SshdServer
+) -> None:
+    with make(ssh_host(server)) as t:
         with pytest.raises(RemoteTimeout) as exc:
             t.run(["sleep", "5"], timeout=0.5)
         assert exc.value.exit_code == ExitCode.NOT_FINISHED
         assert t.run(["echo", "still here"]).out == "still here\n"
 
 
-def test_stream_yields_each_line_before_the_command_ends(server: SshdServer, tmp_path: Path) -> None:
+def test_stream_yields_each_line_before_the_command_ends(make: Make, server: SshdServer, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     script = f"echo first; while [ ! -e {gate} ]; do sleep 0.05; done; echo second; printf tail"
-    with SshTransport(ssh_host(server)) as t:
+    with make(ssh_host(server)) as t:
         lines = t.stream(["sh", "-c", script])
         assert next(lines) == b"first\n"  # the command is still blocked on the gate here
         gate.touch()
         assert list(lines) == [b"second\n", b"tail"]
 
 
-def test_a_dropped_connection_raises_connect_failed_and_the_next_command_reconnects(server: SshdServer) -> None:
-    with SshTransport(ssh_host(server)) as t:
+def test_a_dropped_connection_raises_connect_failed_and_the_next_command_reconnects(
+    make: Make, server: SshdServer
+) -> None:
+    with make(ssh_host(server)) as t:
         lines = t.stream(["sh", "-c", "echo ready; exec sleep 5"])
         assert next(lines) == b"ready\n"
         server.drop_connections()
@@ -150,13 +171,13 @@ def test_ssh_config_alias_supplies_hostname_port_user_and_identity(
 
 
 def test_ssh_config_user_known_hosts_file_is_used(
-    server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make: Make, server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg = tmp_path / "ssh_config"
     cfg.write_text(f"Host {server.address}\n  UserKnownHostsFile {tmp_path / 'nowhere'}\n")
     monkeypatch.setenv("DFLASHCTL_SSH_CONFIG", str(cfg))
     monkeypatch.delenv("DFLASHCTL_KNOWN_HOSTS")
-    with pytest.raises(HostKeyError, match="nowhere"), SshTransport(ssh_host(server)) as t:
+    with pytest.raises(HostKeyError, match="nowhere"), make(ssh_host(server)) as t:
         t.run(["true"])
 
 
@@ -180,12 +201,12 @@ def test_parse_jump_reads_openssh_proxyjump_forms() -> None:
         ("bastion.example.invalid", "ops", 2222), ("fd00::1", "root", 22)]
 
 
-def test_unknown_host_key_is_rejected_by_default(server: SshdServer, tmp_path: Path,
+def test_unknown_host_key_is_rejected_by_default(make: Make, server: SshdServer, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
     monkeypatch.setenv("DFLASHCTL_KNOWN_HOSTS", str(empty))
-    with pytest.raises(HostKeyError) as exc, SshTransport(ssh_host(server)) as t:
+    with pytest.raises(HostKeyError) as exc, make(ssh_host(server)) as t:
         t.run(["true"])
     assert "not in" in exc.value.message and exc.value.exit_code == ExitCode.USAGE
     assert "accept_new_host_key" in exc.value.hint
@@ -193,47 +214,49 @@ def test_unknown_host_key_is_rejected_by_default(server: SshdServer, tmp_path: P
 
 
 def test_accept_new_host_key_learns_an_unknown_key_and_later_connections_check_it(
-    server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make: Make, server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     kh = tmp_path / "sub" / "known_hosts"
     monkeypatch.setenv("DFLASHCTL_KNOWN_HOSTS", str(kh))
-    with SshTransport(ssh_host(server, accept_new_host_key=True)) as t:
+    with make(ssh_host(server, accept_new_host_key=True)) as t:
         assert t.run(["true"]).ok
     host_pub = server.host_key.with_suffix(".pub").read_text().split()[1]
     assert kh.read_text() == f"[{server.address}]:{server.port} ssh-ed25519 {host_pub}\n"
-    with SshTransport(ssh_host(server)) as t:  # strict again: the learned key is now known
+    with make(ssh_host(server)) as t:  # strict again: the learned key is now known
         assert t.run(["true"]).ok
 
 
 @pytest.mark.parametrize("accept_new", [False, True])
 def test_changed_host_key_is_refused_even_with_accept_new(
-    server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accept_new: bool
+    make: Make, server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accept_new: bool
 ) -> None:
     other = new_key(tmp_path).with_suffix(".pub").read_text().split()
     kh = tmp_path / "known_hosts"
     kh.write_text(f"[{server.address}]:{server.port} {other[0]} {other[1]}\n")
     monkeypatch.setenv("DFLASHCTL_KNOWN_HOSTS", str(kh))
-    with pytest.raises(HostKeyError) as exc, SshTransport(ssh_host(server, accept_new_host_key=accept_new)) as t:
+    with pytest.raises(HostKeyError) as exc, make(ssh_host(server, accept_new_host_key=accept_new)) as t:
         t.run(["true"])
     assert "does not match" in exc.value.message
     assert "ssh-keygen" in exc.value.hint
 
 
-def test_a_key_the_server_does_not_authorize_fails_authentication(server: SshdServer, tmp_path: Path) -> None:
-    with pytest.raises(AuthFailed) as exc, SshTransport(ssh_host(server, identity_file=str(new_key(tmp_path)))) as t:
+def test_a_key_the_server_does_not_authorize_fails_authentication(
+    make: Make, server: SshdServer, tmp_path: Path
+) -> None:
+    with pytest.raises(AuthFailed) as exc, make(ssh_host(server, identity_file=str(new_key(tmp_path)))) as t:
         t.run(["true"])
     assert "authentication failed" in exc.value.message and exc.value.exit_code == ExitCode.USAGE
 
 
-def test_a_closed_port_is_connection_refused(server: SshdServer) -> None:
-    with pytest.raises(ConnectFailed) as exc, SshTransport(ssh_host(server, port=closed_port())) as t:
+def test_a_closed_port_is_connection_refused(make: Make, server: SshdServer) -> None:
+    with pytest.raises(ConnectFailed) as exc, make(ssh_host(server, port=closed_port())) as t:
         t.run(["true"])
     assert "connection refused" in exc.value.message and exc.value.exit_code == ExitCode.NOT_FOUND
 
 
-def test_an_unresolvable_name_is_a_connect_failure(server: SshdServer) -> None:
+def test_an_unresolvable_name_is_a_connect_failure(make: Make, server: SshdServer) -> None:
     with pytest.raises(ConnectFailed, match="cannot resolve"), \
-            SshTransport(ssh_host(server, address="nosuchhost.example.invalid")) as t:
+            make(ssh_host(server, address="nosuchhost.example.invalid")) as t:
         t.run(["true"])
 
 
@@ -301,10 +324,12 @@ def test_a_server_that_never_answers_fails_after_the_connect_timeout(server: Ssh
     assert "handshake failed" in exc.value.message and exc.value.exit_code == ExitCode.NOT_FOUND
 
 
-def test_a_missing_identity_file_is_an_authentication_error_naming_it(server: SshdServer, tmp_path: Path) -> None:
+def test_a_missing_identity_file_is_an_authentication_error_naming_it(
+    make: Make, server: SshdServer, tmp_path: Path
+) -> None:
     missing = tmp_path / "no_such_key"
     with pytest.raises(AuthFailed, match="no_such_key does not exist"), \
-            SshTransport(ssh_host(server, identity_file=str(missing))) as t:
+            make(ssh_host(server, identity_file=str(missing))) as t:
         t.run(["true"])
 
 
@@ -335,11 +360,11 @@ def test_proxy_command_from_ssh_config_carries_the_connection_through_a_shell(
 
 
 def test_a_proxy_command_that_exits_is_one_connect_error_quoting_its_stderr(
-    server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make: Make, server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg = proxied_config(server, tmp_path, "sh -c 'echo \"bastion: no route to %h\" >&2; exit 3'")
     monkeypatch.setenv("DFLASHCTL_SSH_CONFIG", str(cfg))
-    with pytest.raises(ConnectFailed) as exc, SshTransport(ssh_host(server, address="pve-proxied")) as t:
+    with pytest.raises(ConnectFailed) as exc, make(ssh_host(server, address="pve-proxied")) as t:
         t.run(["true"])
     assert f"exited with status 3: bastion: no route to {server.address}" in exc.value.message
     assert exc.value.exit_code == ExitCode.NOT_FOUND and "\n" not in exc.value.message
