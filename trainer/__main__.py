@@ -44,6 +44,20 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
         return 2
+    from trainer.distributed import DistError, backend_for, join, place_devices, read_env
+
+    try:
+        dist = read_env()  # torchrun's RANK / WORLD_SIZE / ...; none = one process, as before
+    except DistError as e:
+        print(f"trainer: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    if dist.active and cfg.runtime.on_worker_failure != "abort":
+        print("trainer: config error: runtime.on_worker_failure = 'continue' is for one process only (a rank "
+              "that lost a replica would weigh the global mean wrongly); use 'abort' with WORLD_SIZE > 1",
+              file=sys.stderr, flush=True)
+        return 2
+    cfg.devices.drafters = place_devices(list(cfg.devices.drafters), dist)
+    cfg.devices.target = place_devices(list(cfg.devices.target), dist)
     run_id = os.environ.get("DFLASH_RUN_ID") or time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or Path("runs") / run_id)
     try:
@@ -78,7 +92,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainer: error: {problem}", file=sys.stderr, flush=True)
         return 2
     try:
-        trainer = Trainer(cfg, run_dir, resume=args.resume)
+        join(dist, backend_for(list(cfg.devices.drafters), cfg.runtime.dist_backend), cfg.runtime.dist_timeout_s,
+             cfg.devices.drafters[0])
+    except DistError as e:
+        print(f"trainer: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    if dist.rank:
+        from trainer.telemetry import set_prefix
+
+        set_prefix(f"[rank {dist.rank}] ")  # rank 0's lines are the run's log; the others' are marked
+    try:
+        trainer = Trainer(cfg, run_dir, resume=args.resume, dist=dist)
     except (HFConfigError, DataError, EvalError, DrafterFormatError) as e:  # checkpoint, data, prompts, init_from
         print(f"trainer: error: {e}", file=sys.stderr, flush=True)
         return 2

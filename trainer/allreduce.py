@@ -7,6 +7,7 @@ a checkpoint) gets past the step the crash happened at, however slowly the main 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -26,7 +27,10 @@ class AllReduce:
     leaves (finished or crashed) is dropped from the group so the others never wait for it. On CUDA each slot
     and the result carry the event of the stream that wrote them (trainer/streams.py)."""
 
-    def __init__(self, ranks: list[int]) -> None:
+    def __init__(self, ranks: list[int], cross: Callable[[Tensor], Tensor] | None = None) -> None:
+        """`cross`: several processes (trainer/distributed.py): the in-process mean goes through it (one collective
+        per step, by the thread that completes the step) and every thread gets its global result."""
+        self.cross = cross
         self.cond = threading.Condition()
         self.active = set(ranks)
         self.slots: dict[int, tuple[Tensor, torch.cuda.Event | None]] = {}
@@ -47,6 +51,8 @@ class AllReduce:
         for r in ranks[1:]:
             total += self.slots[r][0].to(total.device)
         self.result = total / len(ranks)
+        if self.cross is not None:
+            self.result = self.cross(self.result)
         self.result_ready = mark(self.result)
         self.group = tuple(ranks)
         self.slots.clear()

@@ -17,6 +17,7 @@ COMPILE_STRATEGIES = ("warmup", "naive", "off")
 ATTENTION_PATHS = ("auto", "sdpa", "flex")
 FAILURE_POLICIES = ("abort", "continue")
 SCHEDULES = ("cosine", "constant")
+DIST_BACKENDS = ("auto", "gloo", "nccl")
 TARGET_DTYPES = ("auto", "bfloat16", "float32")
 PUBLISHED_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 """DFlash's loss decay per block size, as published (issue 13); other sizes fall back to 7 * B / 16."""
@@ -165,6 +166,11 @@ class RuntimeConfig:
     (trainer/compile.py compile_mode says why not on a shared one)."""
     cuda_streams: bool = True
     """CUDA only: every worker thread on its own streams (trainer/streams.py); false = the default stream."""
+    dist_backend: str = "auto"
+    """Several processes (torchrun): auto = NCCL for CUDA drafters, gloo on the CPU (trainer/distributed.py)."""
+    dist_timeout_s: float = 60.0
+    """Several processes: a collective waiting longer than this for a hung peer fails the run (torch's default is
+    30 minutes); a peer that dies is noticed sooner, through its closed connections or the store's failure flag."""
 
 
 @dataclass
@@ -370,6 +376,8 @@ def validate(cfg: Config, name: str) -> None:
             need(isinstance(dev, str) and (dev == "cpu" or _is_cuda(dev)), key, f"bad device {dev!r}")
     need(rt.torch_threads >= 0, "runtime.torch_threads", "must be >= 0 (0 = leave torch's default)")
     need(rt.heartbeat_interval_s > 0, "runtime.heartbeat_interval_s", "must be > 0")
+    need(rt.dist_backend in DIST_BACKENDS, "runtime.dist_backend", f"one of {DIST_BACKENDS}")
+    need(rt.dist_timeout_s > 0, "runtime.dist_timeout_s", "must be > 0")
     need(rt.recompile_limit >= 1, "runtime.recompile_limit", "must be >= 1")
 
 

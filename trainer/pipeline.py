@@ -31,6 +31,7 @@ from trainer.compile import (
 from trainer.config import Config
 from trainer.data import MarkovData
 from trainer.dataset import GeneratedData
+from trainer.distributed import Dist, dump_replicas, failure_line, resume_state, save_positions
 from trainer.eval import PeriodicEval
 from trainer.export import drafter_meta, load_exported, read_exported
 from trainer.hf import build_target
@@ -62,11 +63,15 @@ class Work:
 class Trainer:
     """Builds everything from a Config and runs it; `run()` returns the process exit code."""
 
-    def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, fault: Fault | None = None) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, fault: Fault | None = None,
+                 dist: Dist | None = None) -> None:
         self.cfg, self.run_dir, self.resume = cfg, run_dir, resume
+        self.dist = dist or Dist()
+        self.rank_dir = run_dir / f"rank-{self.dist.rank}" if self.dist.rank else run_dir  # heartbeat, errors/
+        self._remote: str | None = None  # another rank's failure, from the store
         tr, rt = cfg.train, cfg.runtime
-        self.sup = Supervisor(run_dir, rt.on_worker_failure)
-        self.fault = fault or Fault.from_env()
+        self.sup = Supervisor(self.rank_dir, rt.on_worker_failure)
+        self.fault = fault or Fault.from_env(self.dist.rank)
         self.devices = list(cfg.devices.drafters)
         self.n = len(self.devices)
         self.layer_ids = cfg.layer_ids
@@ -81,7 +86,7 @@ class Trainer:
                                    tr.num_anchors, tr.seed)
         # steps from epochs, warm-up from a ratio: fixed once, here (trainer/schedule.py)
         samples = len(self.data) if isinstance(self.data, GeneratedData) else None
-        self.cfg.train = tr = resolve(tr, samples, self.n * tr.batch_size)
+        self.cfg.train = tr = resolve(tr, samples, self.dist.world_size * self.n * tr.batch_size)
         init_weights = read_exported(cfg.drafter.init_from) if cfg.drafter.init_from else None  # before the target
         self.target = build_target(cfg)
         self.target_device = cfg.devices.target[0]
@@ -107,10 +112,10 @@ class Trainer:
                       if rt.cuda_graphs and rt.compile_strategy != "off" and d.startswith("cuda")
                       and compile_mode(rt, d, n) is None]
         self.queues: list[queue.Queue[Work | None]] = [queue.Queue(maxsize=tr.queue_depth) for _ in self.devices]
-        self.allreduce = AllReduce(list(range(self.n)))
+        self.allreduce = AllReduce(list(range(self.n)), self.dist.all_reduce_mean if self.dist.active else None)
         self.counter = CompileCounter()
         self.progress = Progress()
-        self.heartbeat = Heartbeat(run_dir, list(cfg.devices.target) + self.devices, rt.compile_strategy)
+        self.heartbeat = Heartbeat(self.rank_dir, list(cfg.devices.target) + self.devices, rt.compile_strategy)
         self.start_step = 0
         self._phase = "starting"
         self._last_report: tuple[float, int] | None = None
@@ -119,7 +124,7 @@ class Trainer:
     # ---- setup -------------------------------------------------------------------------------------------
     def _restore(self) -> None:
         try:
-            state = checkpoint.load_latest(self.run_dir)
+            state = resume_state(self.dist, self.run_dir, self.n, self.devices[0])
         except checkpoint.CheckpointError as e:
             print(f"trainer: error: {e}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
@@ -187,6 +192,8 @@ class Trainer:
 
     def _coordinate(self) -> None:
         tr, bs = self.cfg.train, self.cfg.train.batch_size
+        first = self.dist.rank * self.n * bs  # global replica rank * n + i trains sequences [(rank * n + i) * bs, ...)
+        part = slice(first, first + self.n * bs)
         self.sup.set_state("coordinator", RUNNING)
         info = self.sup.threads["coordinator"]
         try:
@@ -194,12 +201,13 @@ class Trainer:
                 if self.sup.stop.is_set():
                     break
                 self.fault.check("coordinator", step, self.sup.stop)
-                batch = self.data.batch(step, self.n * bs)
-                hidden = self.target.hidden_states(batch.ids.to(self.target_device), self.layer_ids)
+                batch = self.data.batch(step, self.dist.world_size * self.n * bs)
+                ids, anchors, ends = batch.ids[part], batch.anchors[part], batch.ends[part]
+                hidden = self.target.hidden_states(ids.to(self.target_device), self.layer_ids)
                 ready = mark(hidden)  # no host sync: each drafter's stream waits for this event instead
                 for rank in range(self.n):
                     sl = slice(rank * bs, (rank + 1) * bs)
-                    self._put(rank, Work(step, batch.ids[sl], batch.anchors[sl], hidden[sl], batch.ends[sl], ready))
+                    self._put(rank, Work(step, ids[sl], anchors[sl], hidden[sl], ends[sl], ready))
                 info.step = step + 1
             for rank in range(self.n):
                 self._put(rank, None)
@@ -265,9 +273,11 @@ class Trainer:
         done = step + 1
         now = time.perf_counter()
         t_prev, s_prev = self._last_report or (now, step)
-        tokens = (done - s_prev) * n_ranks * tr.batch_size * tr.seq_len
+        tokens = (done - s_prev) * n_ranks * self.dist.world_size * tr.batch_size * tr.seq_len
         tok_s = tokens / max(now - t_prev, 1e-9)
         self.progress.step, self.progress.loss = done, loss
+        if self.dist.rank:
+            return  # rank 0 alone logs, evaluates and checkpoints
         if done % tr.log_interval == 0 or done == tr.steps:
             self.progress.tok_s = tok_s
             emit(log_line(done, loss, tok_s, lr, acc, acc_len=acc_len, recompiles=self.counter.recompiles,
@@ -281,6 +291,8 @@ class Trainer:
     def _save(self, rank: int, step: int) -> Path:
         state = {"step": step, "drafter": self.replicas[rank].state_dict(), "optimizer": self.opts[rank].state_dict(),
                  "config": self.cfg.to_dict(), "drafter_meta": drafter_meta(self.cfg)}
+        if self.dist.active:
+            state.update(save_positions(self.dist, self.n, step))
         return checkpoint.save(self.run_dir, step, state, self.cfg.train.keep_checkpoints)
 
     # ---- main thread -------------------------------------------------------------------------------------
@@ -294,13 +306,14 @@ class Trainer:
     def run(self) -> int:
         cfg, rt = self.cfg, self.cfg.runtime
         self.sup.install()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.rank_dir.mkdir(parents=True, exist_ok=True)  # the run dir itself on rank 0
         n_params = sum(p.numel() for p in self.replicas[0].parameters() if p.requires_grad)
         emit(f"trainer starting pid={os.getpid()} steps={cfg.train.steps} drafters={self.n} "
              f"devices={','.join(self.devices)} target={','.join(cfg.devices.target)} "
              f"compile_strategy={rt.compile_strategy} attention={','.join(sorted(set(self.attention)))} "
              f"target_layers={self.layer_ids} drafter_params={n_params} block_size={cfg.drafter.block_size} "
-             f"drafter_compute={str(self.replicas[0].compute_dtype).removeprefix('torch.')}")
+             f"drafter_compute={str(self.replicas[0].compute_dtype).removeprefix('torch.')}"
+             + (f" rank={self.dist.rank} world_size={self.dist.world_size}" if self.dist.active else ""))
         for note in self.notes:
             emit(note)
         if self.resume:
@@ -331,9 +344,12 @@ class Trainer:
     def _supervise(self, threads: list[threading.Thread]) -> int:
         last_beat, stop_seen = 0.0, None
         while any(t.is_alive() for t in threads):
+            now = time.monotonic()
+            if self.dist.active and not self.sup.abort.is_set() and (msg := self.dist.poll_failure(now)):
+                self._remote = msg
+                self.sup.abort.set()
             if self.sup.abort.is_set():
                 return self._abort()
-            now = time.monotonic()
             if self.sup.stop.is_set():
                 stop_seen = stop_seen or now
                 if now - stop_seen > STOP_GRACE_S:
@@ -351,7 +367,10 @@ class Trainer:
                      if n.startswith("drafter-") and t.state != CRASHED]
         if not survivors:
             return self._abort()
-        path = self._save(survivors[0], self.progress.step)
+        path = self._save(survivors[0], self.progress.step) if not self.dist.rank else "(rank 0 writes it)"
+        dump_replicas(self.dist.rank, self.replicas)  # test hook: DFLASH_DUMP_REPLICAS=DIR
+        if self.dist.active:
+            self.dist.finish()
         self._phase = "stopped" if self.sup.stop.is_set() else "finished"
         self._beat()
         crashed = [n for n, t in self.sup.threads.items() if t.state == CRASHED]
@@ -365,5 +384,12 @@ class Trainer:
     def _abort(self) -> int:
         self._phase = "aborted"
         self._beat()
-        emit(f"training aborted: {self.sup.first_error} (on_worker_failure={self.cfg.runtime.on_worker_failure})")
+        why = self.sup.first_error
+        if self.dist.active:  # name the rank and thread on every rank, then leave together (bounded)
+            why = self._remote or failure_line(self.dist.rank, why)
+            if not self._remote:
+                self.dist.publish_failure(why)
+            emit(why)
+            self.dist.exit_together()
+        emit(f"training aborted: {why} (on_worker_failure={self.cfg.runtime.on_worker_failure})")
         return EXIT_FAILED

@@ -130,18 +130,22 @@ class Supervisor:
 
 class Fault:
     """Test-only fault hook: env DFLASH_FAULT="drafter-1@3[:kind],coordinator@5" — `kind` is `error`
-    (RuntimeError, default), `oom` (torch.OutOfMemoryError) or `hang` (the thread stops making progress)."""
+    (RuntimeError, default), `oom` (torch.OutOfMemoryError) or `hang` (the thread stops making progress).
+    A `R/` prefix ("1/drafter-1@3") limits a point to process rank R of a torch.distributed run."""
 
-    def __init__(self, spec: str | None) -> None:
+    def __init__(self, spec: str | None, rank: int = 0) -> None:
         self.points: dict[tuple[str, int], str] = {}
         for part in filter(None, (p.strip() for p in (spec or "").split(","))):
             where, _, kind = part.partition(":")
+            only, slash, where = where.rpartition("/")
+            if slash and int(only) != rank:
+                continue
             name, _, step = where.partition("@")
             self.points[(name, int(step))] = kind or "error"
 
     @classmethod
-    def from_env(cls) -> Fault:
-        return cls(os.environ.get("DFLASH_FAULT"))
+    def from_env(cls, rank: int = 0) -> Fault:
+        return cls(os.environ.get("DFLASH_FAULT"), rank)
 
     def check(self, name: str, step: int, stop: threading.Event | None = None) -> None:
         kind = self.points.get((name, step))

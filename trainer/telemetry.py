@@ -20,8 +20,17 @@ def log_line(step: int, loss: float, tok_s: float, lr: float, acc: float, **extr
     return " ".join(parts)
 
 
+_PREFIX = [""]
+
+
+def set_prefix(prefix: str) -> None:
+    """Ranks other than 0 of a torch.distributed run mark their lines (`[rank 1] `): only rank 0's parse as the run's
+    log lines (`step=...` at the start of a line)."""
+    _PREFIX[0] = prefix
+
+
 def emit(line: str) -> None:
-    print(line, flush=True)
+    print(_PREFIX[0] + line, flush=True)
 
 
 @dataclass

@@ -1,0 +1,160 @@
+"""The trainer on torch.distributed: torchrun --nnodes 1 --nproc-per-node 2 (gloo on the CPU), two drafter threads per
+process, real processes on loopback. Replicas stay bit-identical, the loss is a single process's with the same global
+batch, resume after SIGTERM is exact, and a drafter crash on rank 1 ends both ranks naming rank and thread."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_harness import FAST, REPO, TINY, Run
+
+TWO = ["--set", 'devices.drafters=["cpu","cpu"]']
+FOUR = ["--set", 'devices.drafters=["cpu","cpu","cpu","cpu"]']
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def launch(tmp_path):
+    procs: list[subprocess.Popen] = []
+
+    def start(name: str, *args: str, nproc: int = 2, env: dict[str, str] | None = None,
+              run_dir: Path | None = None) -> Run:
+        """`torchrun ... -m trainer` (nproc = 0: plain `python -m trainer`, no launcher variables)."""
+        run_dir = run_dir or tmp_path / name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log = tmp_path / f"{name}.log"
+        full_env = {k: v for k, v in os.environ.items()
+                    if k not in ("DFLASH_FAULT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        full_env.update(env or {})
+        launcher = ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+                     "--master-addr", "127.0.0.1", "--master-port", str(free_port())] if nproc else [sys.executable])
+        with open(log, "ab") as fh:
+            proc = subprocess.Popen([*launcher, "-m", "trainer", "--config", TINY, "--run-dir", str(run_dir), *FAST,
+                                     *args], cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=full_env)
+        procs.append(proc)
+        return Run(run_dir, proc, log)
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def replicas(dump: Path, ranks: int) -> list[dict[str, torch.Tensor]]:
+    out = []
+    for r in range(ranks):
+        state = torch.load(dump / f"rank-{r}.pt", weights_only=True)
+        out += [state[k] for k in sorted(state)]
+    return out
+
+
+def identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_two_processes_keep_four_replicas_identical_and_match_one_process(launch, tmp_path):
+    steps = ["--set", "train.steps=6"]
+    dist = launch("dist", *TWO, *steps, env={"DFLASH_DUMP_REPLICAS": str(tmp_path / "dump-dist")})
+    assert dist.wait(300) == 0, dist.log[-3000:]
+    single = launch("single", *FOUR, *steps, nproc=0, env={"DFLASH_DUMP_REPLICAS": str(tmp_path / "dump-one")})
+    assert single.wait(300) == 0, single.log[-3000:]
+
+    four = replicas(tmp_path / "dump-dist", 2)
+    assert len(four) == 4 and all(identical(four[0], r) for r in four[1:])
+    first = next(line for line in dist.log.splitlines() if line.startswith("trainer starting"))
+    assert "rank=0 world_size=2" in first and "drafters=2" in first
+    assert any(line.startswith("[rank 1] trainer starting") and "rank=1 world_size=2" in line
+               for line in dist.log.splitlines())
+
+    d_steps, s_steps = dist.steps(), single.steps()  # rank 0 alone prints `step=` lines
+    assert sorted(d_steps) == sorted(s_steps) == list(range(1, 7))
+    for step in s_steps:
+        assert float(d_steps[step]) == pytest.approx(float(s_steps[step]), rel=1e-3, abs=1e-4), step
+    one = replicas(tmp_path / "dump-one", 1)[0]
+    for key in one:  # the same update up to the order of the float sums (two means of two vs one of four)
+        torch.testing.assert_close(four[0][key], one[key], rtol=1e-3, atol=1e-4)
+
+
+def test_resume_after_sigterm_continues_exactly(launch, tmp_path):
+    steps = ["--set", "train.steps=8", "--set", "train.checkpoint_interval=0"]
+    whole = launch("whole", *TWO, *steps, env={"DFLASH_DUMP_REPLICAS": str(tmp_path / "dump-whole")})
+    assert whole.wait(300) == 0, whole.log[-3000:]
+
+    # rank 0's coordinator holds step index 4 back until the SIGTERM: once step=4 is logged every rank waits for it,
+    # and rank 0's drafters train it with the stop flag set, so the stop lands on step 5 whatever the speed
+    part = launch("part", *TWO, *steps, env={"DFLASH_FAULT": "0/coordinator@4:hang"})
+    part.wait_for(lambda: "DFLASH_FAULT: coordinator hangs at step 4" in part.log and 4 in part.steps(),
+                  timeout=300, what="the hang after step 4")
+    part.proc.send_signal(signal.SIGTERM)  # torchrun passes it on to both ranks
+    part.wait(300)
+    assert "training stopped by SIGTERM step=5" in part.log, part.log[-3000:]
+    assert "[rank 1] training stopped by SIGTERM step=5" in part.log, part.log[-3000:]
+    ckpt = torch.load(part.run_dir / "checkpoints" / "step-00000005.pt", weights_only=True)
+    assert ckpt["distributed"] == {"world_size": 2, "drafters_per_process": 2}
+    assert [(p["rank"], p["replicas"], p["next_step"]) for p in ckpt["data_positions"]] == [
+        (0, [0, 1], 5), (1, [2, 3], 5)]
+
+    rest = launch("rest", *TWO, *steps, "--resume", run_dir=part.run_dir,
+                  env={"DFLASH_DUMP_REPLICAS": str(tmp_path / "dump-rest")})
+    assert rest.wait(300) == 0, rest.log[-3000:]
+    assert "resume: continuing from the checkpoint of step 5" in rest.log
+    assert sorted(rest.steps()) == [6, 7, 8]
+    for step in (6, 7, 8):
+        assert rest.steps()[step] == whole.steps()[step]
+    resumed, reference = replicas(tmp_path / "dump-rest", 2), replicas(tmp_path / "dump-whole", 2)
+    assert all(identical(a, b) for a, b in zip(resumed, reference, strict=True))
+
+
+def test_resume_refuses_another_replica_count(launch, tmp_path):
+    first = launch("layout", *TWO, "--set", "train.steps=2")
+    assert first.wait(300) == 0, first.log[-3000:]
+    again = launch("layout-one", *TWO, "--set", "train.steps=4", "--resume", nproc=0, run_dir=first.run_dir)
+    assert again.wait(300) == 2
+    errors = [line for line in again.log.splitlines() if line.startswith("trainer: error:")]
+    assert len(errors) == 1 and "2 process(es) x 2 drafters = 4 replicas" in errors[0], again.log[-2000:]
+    assert "Traceback" not in again.log
+
+
+def test_drafter_crash_on_rank_1_ends_both_ranks_naming_it(launch, tmp_path):
+    # a collective timeout of 15 minutes: ending within the wait below takes the store's failure flag
+    crash = launch("crash", *TWO, "--set", "train.steps=50", "--set", "runtime.dist_timeout_s=900",
+                   env={"DFLASH_FAULT": "1/drafter-1@2"})
+    rc = crash.wait(240)
+    assert rc != 0
+    lines = crash.log.splitlines()
+    named = "rank 1 drafter-1 crashed: RuntimeError: DFLASH_FAULT: injected fault in drafter-1 at step 2"
+    assert named in lines, crash.log[-3000:]  # rank 0's own line
+    assert f"[rank 1] {named}" in lines
+    assert any(line.startswith(f"training aborted: {named}") for line in lines)  # rank 0 ran its abort path: exit 1
+    assert any(line.startswith(f"[rank 1] training aborted: {named}") for line in lines)
+    assert crash.log.count("exitcode  : 1 ") == 2, crash.log[-3000:]  # torchrun's summary: both ranks exited 1
+    err = json.loads((crash.run_dir / "rank-1" / "errors" / "drafter-1.json").read_text())
+    assert err["thread"] == "drafter-1" and err["type"] == "RuntimeError"
+    assert not (crash.run_dir / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(("env", "args", "why"), [
+    ({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}, [], "RANK is not set"),
+    ({"WORLD_SIZE": "two"}, [], "WORLD_SIZE='two' is not an integer"),
+    ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
+     ["--set", "runtime.on_worker_failure=continue"], "is for one process only"),
+])
+def test_bad_launcher_environment_is_one_line_exit_2(launch, env, args, why):
+    run = launch("bad", *TWO, *args, nproc=0, env=env)
+    assert run.wait(120) == 2
+    lines = [line for line in run.log.splitlines() if line.strip()]
+    assert len(lines) == 1 and why in lines[0] and lines[0].startswith("trainer: "), run.log
