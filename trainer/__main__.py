@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
               "that lost a replica would weigh the global mean wrongly); use 'abort' with WORLD_SIZE > 1",
               file=sys.stderr, flush=True)
         return 2
-    cfg.devices.drafters = place_devices(list(cfg.devices.drafters), dist)
-    cfg.devices.target = place_devices(list(cfg.devices.target), dist)
+    cfg.devices.target, cfg.devices.drafters = place_devices(list(cfg.devices.target), list(cfg.devices.drafters),
+                                                             dist)
     run_id = os.environ.get("DFLASH_RUN_ID") or time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or Path("runs") / run_id)
     try:
@@ -67,10 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # SIGTERM is honoured from here on, even while torch imports and the models build (minutes on big targets)
     stop = threading.Event()
+    mark = f"[rank {dist.rank}] " if dist.rank else ""
 
     def on_sigterm(signum: int, frame: object) -> None:
         if not stop.is_set():
-            print("received SIGTERM: finishing the current step, then checkpoint and exit 143", flush=True)
+            print(f"{mark}received SIGTERM: finishing the current step, then checkpoint and exit 143", flush=True)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_sigterm)

@@ -141,14 +141,19 @@ def backend_for(drafters: list[str], choice: str) -> str:
     return "nccl" if all(d.startswith("cuda") for d in drafters) else "gloo"
 
 
-def place_devices(devices: list[str], d: Dist) -> list[str]:
-    """Several processes on one node share its GPUs: process `local_rank` takes the config's CUDA indices shifted by
-    local_rank * (highest index + 1), so `cuda:0, cuda:1` with two processes a node is cuda:0-1 and cuda:2-3."""
-    idx = [int(x.partition(":")[2] or 0) for x in devices if x.startswith("cuda")]
+def place_devices(target: list[str], drafters: list[str], d: Dist) -> tuple[list[str], list[str]]:
+    """Several processes on one node share its GPUs: process `local_rank` takes the config's CUDA indices (target and
+    drafters alike) shifted by local_rank * (highest index + 1): `cuda:0, cuda:1` with two processes a node is
+    cuda:0-1 for local rank 0 and cuda:2-3 for local rank 1."""
+    idx = [int(x.partition(":")[2] or 0) for x in [*target, *drafters] if x.startswith("cuda")]
     if not d.active or d.local_world_size <= 1 or not idx:
-        return list(devices)
+        return list(target), list(drafters)
     shift = d.local_rank * (max(idx) + 1)
-    return [f"cuda:{int(x.partition(':')[2] or 0) + shift}" if x.startswith("cuda") else x for x in devices]
+
+    def moved(devs: list[str]) -> list[str]:
+        return [f"cuda:{int(x.partition(':')[2] or 0) + shift}" if x.startswith("cuda") else x for x in devs]
+
+    return moved(target), moved(drafters)
 
 
 def join(d: Dist, backend: str, timeout_s: float, device: str | None = None) -> Dist:

@@ -158,3 +158,20 @@ def test_bad_launcher_environment_is_one_line_exit_2(launch, env, args, why):
     assert run.wait(120) == 2
     lines = [line for line in run.log.splitlines() if line.strip()]
     assert len(lines) == 1 and why in lines[0] and lines[0].startswith("trainer: "), run.log
+
+
+def test_launcher_layout_and_device_placement():
+    from trainer.distributed import Dist, place_devices, read_env
+    from trainer.supervise import Fault
+
+    assert read_env({}) == Dist() and not read_env({"WORLD_SIZE": "1"}).active
+    d = read_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+    assert (d.rank, d.world_size, d.local_rank, d.local_world_size) == (3, 4, 1, 2)
+    # two processes a node share its GPUs: target and drafters move together, past the highest index of either
+    assert place_devices(["cuda:0"], ["cuda:1", "cuda:2"], d) == (["cuda:3"], ["cuda:4", "cuda:5"])
+    assert place_devices(["cpu"], ["cpu", "cpu"], d) == (["cpu"], ["cpu", "cpu"])
+    assert place_devices(["cuda:0"], ["cuda:1"], Dist()) == (["cuda:0"], ["cuda:1"])
+    both = {("drafter-1", 2): "error", ("coordinator", 5): "error"}
+    assert Fault("1/drafter-1@2,coordinator@5", rank=1).points == both
+    assert Fault("1/drafter-1@2:oom", rank=0).points == {}
