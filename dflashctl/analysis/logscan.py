@@ -29,7 +29,7 @@ from dflashctl.analysis import lineprefix, signatures
 from dflashctl.analysis.logreport import LogReport
 from dflashctl.analysis.progress import parse_progress
 from dflashctl.analysis.progresslines import ProgressLines
-from dflashctl.analysis.rawlines import SPECIAL_RE, NextSpecial, clean
+from dflashctl.analysis.rawlines import clean, next_special
 from dflashctl.analysis.threadheaders import FRAG, HEADER_RE, HEADER_TTL, NAME_BEFORE_FRAME_RE, NAME_RE, Header
 from dflashctl.analysis.tracebacks import (
     BARE_EXC_RE,
@@ -67,8 +67,8 @@ class LogScanner(TracebackAssembly, ProgressLines):
         """progress_regex: the user's own progress format (named groups step, total, loss …; progress.custom);
         lines it matches are read like the known progress forms, at the same speed."""
         self.progress_regex = progress_regex
-        self._special = SPECIAL_RE if progress_regex is None else re.compile(
-            SPECIAL_RE.pattern + b"|" + progress_regex.pattern.encode())  # a user's regex: slower, but theirs
+        # a user's regex is one more source of special lines: as slow as it is, but theirs
+        self._extra = None if progress_regex is None else re.compile(progress_regex.pattern.encode())
         self.reset()
 
     def reset(self) -> None:
@@ -159,7 +159,7 @@ class LogScanner(TracebackAssembly, ProgressLines):
         pos = 0
         find, count = buf.find, buf.count
         ordinary: list[tuple[int, int, int]] = []  # stretches of ordinary lines: (start, stop, last line no)
-        special = NextSpecial(buf, end, self._special)
+        special = next_special(buf, end, self._extra)
         while pos < end:
             if self.fast and self._idle():
                 at = special.at(pos)
