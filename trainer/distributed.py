@@ -18,7 +18,7 @@ FAILURE_KEY = "dflash/failure"
 """Set once, by the first rank whose run aborts: `rank R THREAD crashed: TYPE: MESSAGE`."""
 ACK_KEY = "dflash/abort-acks"
 """Ranks that have logged the failure and are exiting; the failing rank waits for them (bounded)."""
-ACK_WAIT_S = 5.0
+ACK_WAIT_S = 3.0
 POLL_INTERVAL_S = 0.5
 
 
