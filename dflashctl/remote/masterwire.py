@@ -64,13 +64,16 @@ class Place:
 
 
 def masters_dir() -> Path:
+    """Absolute, so the master (started in /) and every command name the same files whatever their cwd."""
     state = os.environ.get("DFLASHCTL_STATE_DIR")
-    if state:
-        return Path(state) / "masters"
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return Path(runtime) / "dflashctl" / "masters"
-    return Path("~/.cache/dflashctl/masters").expanduser()
+    if state:
+        where = Path(state).expanduser() / "masters"
+    elif runtime:
+        where = Path(runtime) / "dflashctl" / "masters"
+    else:
+        where = Path("~/.cache/dflashctl/masters").expanduser()
+    return Path(os.path.abspath(where))
 
 
 def ensure_dir(path: Path) -> Path:

@@ -186,6 +186,48 @@ def test_two_commands_at_once_share_one_master_and_each_gets_its_own_output(serv
     assert logins(server) == before  # both rode the master's connection
 
 
+def test_commands_that_start_at_once_with_no_master_start_one(server: SshdServer, fresh_masters: Path) -> None:
+    host = ssh_host(server)
+    before = logins(server)
+    outs: list[str] = []
+
+    def one(i: int) -> None:
+        with connect(host) as t:
+            outs.append(t.run(["echo", str(i)], timeout=60).out)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(90)
+    assert sorted(outs) == ["0\n", "1\n", "2\n", "3\n"]
+    assert logins(server) - before == 1  # the lock file: the others waited for the first one's master
+    assert masters_of(fresh_masters) == [master_pid(host)]
+
+
+def test_a_relative_state_dir_names_the_same_socket_from_any_directory(
+    server: SshdServer, fresh_masters: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(fresh_masters.parent)  # a short path: a UNIX socket's name has ~107 bytes
+    monkeypatch.setenv("DFLASHCTL_STATE_DIR", ".")
+    host = ssh_host(server)
+    with connect(host) as target:
+        assert isinstance(target.transport, MasterTransport)
+        assert target.run(["echo", "rel"]).out == "rel\n"
+    place = wire.place_for(host)
+    assert place.dir == fresh_masters and place.sock.is_socket()
+    assert masters_of(fresh_masters) == [master_pid(host)]
+
+
+def test_a_state_dir_too_deep_for_a_socket_name_connects_without_a_master(
+    server: SshdServer, fresh_masters: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DFLASHCTL_STATE_DIR", str(fresh_masters.parent / ("d" * 100)))
+    with connect(ssh_host(server)) as target:
+        assert isinstance(target.transport, SshTransport)
+        assert target.run(["echo", "deep"]).out == "deep\n"
+
+
 def test_closing_a_stream_ends_the_remote_command(server: SshdServer) -> None:
     with connect(ssh_host(server)) as target:
         lines = target.stream(["sh", "-c", "echo $$; while :; do echo tick; sleep 0.05; done"])
