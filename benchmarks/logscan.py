@@ -1,7 +1,9 @@
 """Log scanning cost: a big train.log growing by 1 MB, against a full rescan and against `grep -E`.
 
-What it shows (DESIGN §8): the incremental scanner's cost follows the NEW bytes, not the file size, and
-what the first full scan costs next to the seed's `grep -E "Exception|tok/s|step=" | tail -15`.
+What it shows (DESIGN §8, issue 16): the incremental scanner's cost follows the NEW bytes, not the file size,
+and what the first full scan costs next to the seed's `grep -E "Exception|tok/s|step=" | tail -15` on the
+same file, and next to the same scan with special lines found by the plain regex of anchors (the way before
+anchorfind.py; rawlines.NextSpecial), run once per size as the in-run baseline.
 
     .venv/bin/python benchmarks/logscan.py [--size-mb 2048] [--dir /tmp] [--out benchmarks/results/logscan.txt]
 
@@ -24,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dflashctl.analysis import logscan, rawlines  # noqa: E402
 from dflashctl.analysis.logscan import LogScanner  # noqa: E402
 
 BLOCK = 64 << 20
@@ -68,7 +71,18 @@ def growth(step: int) -> bytes:
     return body + tb
 
 
-def full_scan(path: Path) -> tuple[float, LogScanner]:
+def full_scan(path: Path, plain: bool = False) -> tuple[float, LogScanner]:
+    """The first look at the log, read in BLOCK-sized pieces; plain: special lines by the anchors' regex."""
+    saved = logscan.next_special
+    if plain:
+        logscan.next_special = lambda buf, end, extra: rawlines.NextSpecial(buf, end, rawlines.SPECIAL_RE)
+    try:
+        return _full_scan(path)
+    finally:
+        logscan.next_special = saved
+
+
+def _full_scan(path: Path) -> tuple[float, LogScanner]:
     s = LogScanner()
     t0 = time.perf_counter()
     with path.open("rb") as f:
@@ -88,10 +102,11 @@ def grep(path: Path) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-mb", type=int, default=2048)
+    ap.add_argument("--min-mb", type=int, default=256, help="the smallest size measured")
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "logscan.txt"))
     args = ap.parse_args()
-    checkpoints = sorted({s << 20 for s in (256, 512, 1024, 2048, args.size_mb) if s <= args.size_mb})
+    checkpoints = sorted({s << 20 for s in (256, 512, 1024, 2048, args.size_mb) if args.min_mb <= s <= args.size_mb})
     path = Path(args.dir) / f"dflash-bench-{os.getpid()}.log"
     rows = []
     lines = [f"log scanning benchmark: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, python {sys.version.split()[0]}, "
@@ -108,6 +123,8 @@ def main() -> int:
                 # the first look at a log this big; best of two (a shared machine's noise only adds time)
                 (full_s, _), (full_s2, scanner) = full_scan(path), full_scan(path)
                 full_s = min(full_s, full_s2)
+                plain_s, plain = full_scan(path, plain=True)
+                assert plain.report() == scanner.report(), "the pivot search and the plain regex disagree"
                 grep_s = min(grep(path), grep(path))
                 incs = []
                 for k in range(GROWTH_STEPS):  # what status --watch does with each new probe report
@@ -120,21 +137,22 @@ def main() -> int:
                     incs.append(time.perf_counter() - t0)
                     assert any(getattr(e, "thread", None) == "drafter-1" for e in events)
                 inc_s = statistics.median(incs)
-                rows.append((cp, full_s, grep_s, inc_s))
-                print(f"  {cp >> 20} MB: full scan {full_s:.2f} s, grep {grep_s:.2f} s, +1 MB {inc_s * 1000:.1f} ms",
-                      flush=True)
+                rows.append((cp, full_s, plain_s, grep_s, inc_s))
+                print(f"  {cp >> 20} MB: full scan {full_s:.2f} s (plain regex {plain_s:.2f} s), grep {grep_s:.2f} s, "
+                      f"+1 MB {inc_s * 1000:.1f} ms", flush=True)
     finally:
         path.unlink(missing_ok=True)
     lines += [
         "",
         f"{'log size':>9} | {'full scan (best/2)':>18} | {'MB/s':>6} | {'grep -E|tail':>12} | {'scan/grep':>9} | "
-        f"{'+1 MB (median of 7)':>19} | {'full/incremental':>16}",
-        "-" * 109,
+        f"{'plain regex scan':>16} | {'plain/grep':>10} | {'+1 MB (median of 7)':>19} | {'full/incremental':>16}",
+        "-" * 143,
     ]
-    for size, full_s, grep_s, inc_s in rows:
+    for size, full_s, plain_s, grep_s, inc_s in rows:
         lines.append(f"{size >> 20:>6} MB | {full_s:>16.2f} s | {(size >> 20) / full_s:>6.0f} | {grep_s:>10.2f} s | "
-                     f"{full_s / grep_s:>8.1f}x | {inc_s * 1000:>14.1f} ms | {full_s / inc_s:>15.0f}x")
-    incs = [r[3] for r in rows]
+                     f"{full_s / grep_s:>8.1f}x | {plain_s:>14.2f} s | {plain_s / grep_s:>9.1f}x | "
+                     f"{inc_s * 1000:>16.1f} ms | {full_s / inc_s:>15.0f}x")
+    incs = [r[4] for r in rows]
     grew = rows[-1][0] / rows[0][0]
     lines += ["", f"incremental cost of +1 MB across sizes: min {min(incs) * 1000:.1f} ms, "
               f"max {max(incs) * 1000:.1f} ms (ratio {max(incs) / min(incs):.2f} while the file grew {grew:.0f}x): "

@@ -120,7 +120,9 @@ class AnchorFinder:
 
     def at(self, pos: int) -> int:
         buf, end, found, upto = self.buf, self.end, self.found, self.upto
-        hi = self.hi = max(self.hi, min(end, pos + WINDOW))
+        hi = self.hi
+        if pos >= hi:  # the window moves only when passed: sources that found nothing in it are not asked again
+            hi = self.hi = min(end, pos + WINDOW)
         while True:
             best = -1
             lim = min(end, hi + self.overlap)  # an anchor whose pivot is before hi ends before lim

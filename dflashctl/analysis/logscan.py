@@ -22,8 +22,10 @@ stays plain method calls on one object (no extra call layer or attribute hop per
 
 from __future__ import annotations
 
+import mmap
 import re
 from collections import deque
+from typing import BinaryIO
 
 from dflashctl.analysis import lineprefix, signatures
 from dflashctl.analysis.logreport import LogReport
@@ -51,6 +53,7 @@ __all__ = [  # the public names, importable from here as before the split
     "MAX_TB_LINES", "TB_START", "Event", "LogReport", "LogScanner", "Traceback", "scan",
 ]
 
+READ_PIECE = 64 << 20  # feed_file's reads where the file cannot be mapped
 MAX_LINE = 1 << 20  # a partial line longer than this (a \r progress bar with no \n) is processed anyway
 KEEP_PROGRESS = 1024  # progress points kept (and, per stretch of ordinary lines, parsed: the latest)
 KEEP_TRACEBACKS = 500
@@ -134,6 +137,23 @@ class LogScanner(TracebackAssembly, ProgressLines):
             self._partial = self._partial[cut:]
         self._commit()
         return self._out
+
+    def feed_file(self, f: BinaryIO) -> list[Event]:
+        """Scan the rest of an open file in one go (diagnose: a whole copied log). Mapped, not read: one buffer
+        however big, so only the end's progress lines are parsed (each feed() parses its own latest ones) and
+        nothing is copied. A pipe, an empty file, a file read from before, or a partial line left by an earlier
+        feed: read in big pieces."""
+        try:
+            m = None if self._partial or f.tell() else _Mapped(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError, AttributeError):  # not a regular file, empty, or no file descriptor
+            m = None
+        if m is not None:
+            with m:
+                return self.feed(m)
+        out: list[Event] = []
+        while chunk := f.read(READ_PIECE):
+            out += self.feed(chunk)
+        return out
 
     def flush(self) -> list[Event]:
         """End of input: take the truncated last line as a line and close what is open."""
@@ -302,6 +322,13 @@ class LogScanner(TracebackAssembly, ProgressLines):
             root_cause=self.workers.root_cause,
             last_nonzero_loss_line=self.last_nonzero_loss_line,
         )
+
+
+class _Mapped(mmap.mmap):
+    """A read-only map of a log file that the scanner reads as it reads bytes (mmap lacks only count)."""
+
+    def count(self, sub: bytes, start: int = 0, end: int | None = None) -> int:
+        return self[start:end].count(sub)
 
 
 def _copy_state(s: LogScanner) -> LogScanner:

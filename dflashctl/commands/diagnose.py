@@ -21,8 +21,6 @@ from dflashctl.analysis.smiq import looks_like_q
 from dflashctl.errors import ConfigError
 from dflashctl.model import GpuReport
 
-READ_CHUNK = 8 << 20
-
 
 @dataclass
 class Diagnosis:
@@ -56,14 +54,14 @@ def _read(path: Path) -> bytes:
 
 
 def _feed_file(scanner: LogScanner, path: Path) -> None:
-    """Stream a log file in chunks (multi-GB logs never sit in memory whole)."""
+    """Scan a log file mapped, in one go (LogScanner.feed_file: a multi-GB log is never read into memory whole,
+    and only its end's progress lines are parsed)."""
     if str(path) == "-":
         scanner.feed(sys.stdin.buffer.read())
         return
     try:
         with path.open("rb") as f:
-            while chunk := f.read(READ_CHUNK):
-                scanner.feed(chunk)
+            scanner.feed_file(f)
     except FileNotFoundError:
         raise ConfigError(f"no such file: {path}", hint="diagnose reads copied files: LOG… and --gpus FILE") from None
     except OSError as e:

@@ -1,9 +1,12 @@
-"""The pivot search of special lines (anchorfind.py) against the plain truth, and whole-buffer scans against
-chunked ones: whatever sources the cost model picks, and wherever a window boundary falls, the same lines."""
+"""The first full scan: the pivot search of special lines (anchorfind.py) against the plain truth, and one big
+buffer or a mapped file (LogScanner.feed_file) against chunked feeds and the line-by-line reference: whatever
+sources the cost model picks, and wherever a window boundary falls, the same lines and the same report."""
 
 from __future__ import annotations
 
+import os
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -198,3 +201,38 @@ def test_random_mixes_scan_the_same_with_tiny_windows(seed: int) -> None:
         same(whole, report_of(data, [rng.randint(1, 500) for _ in range(5)]), every_hit=False)
     finally:
         logscan.KEEP_PROGRESS = saved
+
+
+def _mapped_scan(path: Path, before: bytes = b"") -> LogReport:
+    s = LogScanner()
+    if before:
+        s.feed(before)
+    with path.open("rb") as f:
+        s.feed_file(f)
+    s.flush()
+    return s.report()
+
+
+@pytest.mark.parametrize("path", LOGS[::2], ids=lambda p: str(p.relative_to(DATA)))
+def test_a_mapped_file_scans_as_its_bytes_do(path: Path) -> None:
+    same(_mapped_scan(path), report_of(path.read_bytes(), None))
+
+
+def test_feed_file_takes_empty_files_pipes_and_a_partial_line_left_before(tmp_path: Path) -> None:
+    data = TRICKY[0] + b"step=9 loss=1.0 tok/s=3.0\n" * 5000
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    assert _mapped_scan(empty).last_line_no == 0
+    log = tmp_path / "train.log"
+    cut = data.index(b"Traceback") + 4  # an earlier feed left `Trac` waiting for the rest of its line
+    log.write_bytes(data[cut:])
+    same(_mapped_scan(log, before=data[:cut]), report_of(data, None))
+    r, w = os.pipe()
+    writer = threading.Thread(target=lambda: (os.write(w, data), os.close(w)))
+    writer.start()
+    s = LogScanner()
+    with os.fdopen(r, "rb") as f:
+        s.feed_file(f)
+    writer.join()
+    s.flush()
+    same(s.report(), report_of(data, None))
