@@ -1,7 +1,8 @@
 """The probe (the program): arguments, one framed report per line (`lib/frame.py`), and the --watch loop.
 
 Everything it imports from dflashctl.agent is pasted into it as it travels (remote/scripts.py); the laptop
-side is dflashctl/remote/probe.py."""
+side is dflashctl/remote/probe.py. A --watch sends a report every --interval, and one at once (at most every
+0.1 s) when the run's log shows a crash or the run ends (logwait.py): the interval paces the idle updates only."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dflashctl.agent.lib.frame import reply
 from dflashctl.agent.lib.runstate import list_runs, log_tail, resolve_run, run_ids, run_state
 from dflashctl.agent.probe.gpus import GpuReader, gpu_report
 from dflashctl.agent.probe.logtail import read_log
+from dflashctl.agent.probe.logwait import LogWaiter
 from dflashctl.agent.probe.procs import host_gpu_procs, scan_procs
 from dflashctl.agent.probe.xid import xid_report
 
@@ -103,18 +105,28 @@ def report(args: argparse.Namespace, offset, inode, gpu_reader: GpuReader | None
     return doc
 
 
-def sample_gpus(reader: GpuReader | None, every: float, start: float, until: float) -> list:
+def sample_gpus(reader: GpuReader | None, every: float, start: float, until: float,
+                waiter: LogWaiter | None = None) -> tuple[list, bool]:
     """GPU readings every `every` seconds after `start` until `until`, where the next report takes the interval's
-    last one; each stamped with its time. A slow reading skips the moments it missed rather than catch up."""
+    last one; each stamped with its time. A slow reading skips the moments it missed rather than catch up.
+    With a waiter: (readings, True) as soon as the log shows something that matters (the report goes out now)."""
     out = []
     due = start + every
     while due < until - every / 2:
-        time.sleep(max(0.0, due - time.time()))
+        if _pause(waiter, due):
+            return out, True
         t = time.time()
         out.append(dict(gpu_report(reader), time=t))
         while due <= time.time():
             due += every
-    return out
+    return out, False
+
+
+def _pause(waiter: LogWaiter | None, until: float) -> bool:
+    if waiter is None:
+        time.sleep(max(0.0, until - time.time()))
+        return False
+    return waiter.wait(until)
 
 
 def main(argv: list) -> int:
@@ -124,6 +136,7 @@ def main(argv: list) -> int:
         else args.interval
     series = []  # --watch --gpus: the GPU readings taken since the last report
     gpus = GpuReader() if args.watch and args.gpus else None  # one NVML init / smi field list for the whole watch
+    waiter = LogWaiter() if args.watch and args.workspace and args.run else None  # ends a wait on a crash
     try:
         while True:
             started = time.time()
@@ -138,14 +151,19 @@ def main(argv: list) -> int:
                 offset, inode = log["next_offset"], log["inode"]
             elif doc.get("run") is None:
                 offset, inode = None, None  # a new latest run will start from its tail
+            if waiter is not None:
+                waiter.follow(doc)
             until = started + args.interval
-            series = sample_gpus(gpus, gpu_every, started, until) if args.gpus else []
-            time.sleep(max(0.0, until - time.time()))
+            series, now = sample_gpus(gpus, gpu_every, started, until, waiter) if args.gpus else ([], False)
+            if not now:
+                _pause(waiter, until)
     except (BrokenPipeError, KeyboardInterrupt):
         return 0
     finally:
         if gpus is not None:
             gpus.close()
+        if waiter is not None:
+            waiter.close()
 
 
 if __name__ == "__main__":
