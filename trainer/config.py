@@ -170,7 +170,7 @@ class RuntimeConfig:
     """Several processes (torchrun): auto = NCCL for CUDA drafters, gloo on the CPU (trainer/distributed.py)."""
     dist_timeout_s: float = 60.0
     """Several processes: a collective waiting longer than this for a hung peer fails the run (torch's default is
-    30 minutes); a peer that dies is noticed sooner, through its closed connections or the store's failure flag."""
+    30 minutes; a peer that dies is noticed sooner). Must exceed rank 0's pauses between steps (evaluation)."""
 
 
 @dataclass

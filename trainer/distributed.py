@@ -90,15 +90,21 @@ class Dist:
         except Exception:
             pass
 
-    def finish(self) -> None:
+    def finish(self) -> str | None:
         """Normal end or SIGTERM stop: wait for every rank (rank 0 may still be writing the checkpoint), then leave
-        the group so the interpreter exits cleanly."""
+        the group so the interpreter exits cleanly. Returns why not, when a peer failed meanwhile (its message from
+        the store if it left one) — then this rank aborts too."""
         import torch.distributed as dist
 
         try:
             dist.barrier()
-        finally:
             dist.destroy_process_group()
+            return None
+        except Exception as e:
+            self._last_poll = 0.0
+            remote = self.poll_failure(time.monotonic())
+            lines = str(e).strip().splitlines() or [type(e).__name__]
+            return remote or f"rank {self.rank} lost its peers at the end: {type(e).__name__}: {lines[0]}"
 
 
 def _env_int(env: dict[str, str], key: str, default: int | None) -> int:

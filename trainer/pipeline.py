@@ -369,8 +369,9 @@ class Trainer:
             return self._abort()
         path = self._save(survivors[0], self.progress.step) if not self.dist.rank else "(rank 0 writes it)"
         dump_replicas(self.dist.rank, self.replicas)  # test hook: DFLASH_DUMP_REPLICAS=DIR
-        if self.dist.active:
-            self.dist.finish()
+        if self.dist.active and (lost := self.dist.finish()):
+            self._remote = lost
+            return self._abort()
         self._phase = "stopped" if self.sup.stop.is_set() else "finished"
         self._beat()
         crashed = [n for n, t in self.sup.threads.items() if t.state == CRASHED]
