@@ -35,10 +35,6 @@ from dflashctl.remote.transport import Result, Transport
 START_TIMEOUT_S = 120.0  # the master's own connect timeouts (10 s a stage, per hop) end it well before this
 
 
-class _Gone(Exception):
-    """The master answered GONE: its connection died and nothing ran."""
-
-
 class MasterTransport(Transport):
     """Runs argv on an ssh host through the host's connection master (started on first use)."""
 
@@ -47,7 +43,6 @@ class MasterTransport(Transport):
     def __init__(self, host: Host, place: wire.Place | None = None):
         self.host = host
         self.place = place or wire.place_for(host)
-        self.started_master = False  # whether this transport started (or replaced) the master it used
 
     # -- reaching the master ---------------------------------------------------------------------------------------
     def _connect(self) -> socket.socket:
@@ -79,7 +74,6 @@ class MasterTransport(Transport):
             if replacing:
                 sys.stderr.write(f"dflashctl: the ssh connection to {self.host.name} had ended; reconnecting\n")
             self._spawn()
-            self.started_master = True
 
     def _spawn(self) -> None:
         with open(self.place.log, "wb") as log:

@@ -7,7 +7,7 @@ Where: one directory per user, 0700 (`$DFLASHCTL_STATE_DIR/masters`, else `$XDG_
 else `~/.cache/dflashctl/masters`); in it `<key>.sock` (0600), `<key>.json` (who holds it: pid, host, endpoint) and
 `<key>.lock` (taken while a master is started, so two commands at once start one). The key hashes everything that
 decides which connection a host gets (user, address, port, jump chain, key, known_hosts, ssh config, agent), so a
-changed hosts.toml or ~/.ssh/config gets a new master instead of the old connection.
+changed hosts.toml (`persist` included) or ~/.ssh/config gets a new master instead of the old connection.
 
 Frames: one type byte, a 4-byte big-endian length, the payload. Client to master: REQUEST (JSON: op, argv, timeout,
 stream), then STDIN chunks and STDIN_END; after that the client only ever closes (a hang-up ends the command).
@@ -97,7 +97,7 @@ def connection_key(host: Host) -> str:
     except OSError:
         cfg_state = (str(cfg),)
     parts = (PROTOCOL, os.getuid(), host.address, host.user, host.port, host.identity_file, host.proxy_jump,
-             host.accept_new_host_key, os.environ.get("DFLASHCTL_KNOWN_HOSTS"), cfg_state,
+             host.accept_new_host_key, host.persist_s, os.environ.get("DFLASHCTL_KNOWN_HOSTS"), cfg_state,
              os.environ.get("SSH_AUTH_SOCK"), os.environ.get("HOME"))
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
