@@ -23,14 +23,15 @@ from typing import NamedTuple
 
 WINDOW = 1 << 19  # bytes every source searches before the next window (fits in L2/L3 cache)
 SAMPLE = 1 << 13  # bytes counted at each of up to three places (start, middle, end) to choose the sources
-# Costs in ns per byte of text or per hit, measured with CPython 3.11 on a busy 2-core x86-64 machine (what matters
-# is their ratios): a memchr pass, a regex pass, a pivot hit checked in Python, one checked by the regex engine.
-MEMCHR, REGEX_PASS, PY_HIT, REGEX_HIT = 0.35, 2.0, 3000.0, 500.0
+# Costs in ns per byte of text or per hit, measured with CPython 3.11 on a shared 2-core x86-64 machine over
+# cached windows (what matters is their ratios): a memchr pass, a regex pass, a pivot hit checked in Python,
+# one checked by the regex engine.
+MEMCHR, REGEX_PASS, PY_HIT, REGEX_HIT = 0.11, 0.8, 1200.0, 250.0
 
 
 def find_cost(m: int) -> float:
     """bytes.find of an m-byte word, per byte of text (Horspool: longer words skip further)."""
-    return 1.4 + 8.0 / m
+    return 0.1 + 5.0 / m
 
 
 class Source(NamedTuple):
