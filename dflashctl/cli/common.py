@@ -1,4 +1,8 @@
-"""Shared CLI plumbing: the consoles, one-line errors, JSON output, host selection options, the target."""
+"""Shared CLI plumbing: the consoles, one-line errors, JSON output, host selection options, the target.
+
+Nothing heavy at import (issue 16: `dflashctl version` starts fast): rich, the model and the transports are imported
+on first use, so a verb pays only for what it prints and talks to.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,57 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
-from dflashctl.model import SCHEMA
-from dflashctl.remote import Target, connect
+if TYPE_CHECKING:
+    from rich.console import Console
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
-out = partial(console.print, soft_wrap=True)  # plain lines: never re-wrapped at 80 columns when piped
-err = partial(err_console.print, soft_wrap=True)
+    from dflashctl.remote import Target
+
+
+class _LazyConsole:
+    """A rich Console made on first use (rich costs more to import than `version` may take in all)."""
+
+    def __init__(self, **kwargs: Any):
+        object.__setattr__(self, "_kwargs", kwargs)
+        object.__setattr__(self, "_console", None)
+
+    def _get(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            object.__setattr__(self, "_console", Console(**self._kwargs))
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._get(), name, value)
+
+
+console: Console = _LazyConsole(highlight=False)  # type: ignore[assignment]
+err_console: Console = _LazyConsole(stderr=True, highlight=False)  # type: ignore[assignment]
+
+
+def out(*objects: Any, **kwargs: Any) -> None:
+    """Plain lines on stdout: never re-wrapped at 80 columns when piped."""
+    console.print(*objects, **{"soft_wrap": True, **kwargs})
+
+
+def err(*objects: Any, **kwargs: Any) -> None:
+    """Plain lines on stderr, like out()."""
+    err_console.print(*objects, **{"soft_wrap": True, **kwargs})
+
+
+def escape(text: str) -> str:
+    """rich's markup escape, imported when something is printed."""
+    from rich.markup import escape as _escape
+
+    return _escape(text)
 
 
 class Exit(Exception):
@@ -41,6 +81,8 @@ def error(message: str, *, hint: str | None = None) -> None:
 
 def print_json(doc: dict[str, Any]) -> None:
     """One JSON document (or one JSON Lines record) with the schema field first."""
+    from dflashctl.model import SCHEMA
+
     out = {"schema": SCHEMA, **{k: v for k, v in doc.items() if k != "schema"}}
     sys.stdout.write(json.dumps(out, default=str) + "\n")
     sys.stdout.flush()
@@ -56,6 +98,7 @@ JsonOpt = typer.Option(False, "--json", help="print JSON (schema 1) instead of a
 def open_target(hosts: Path | None, host: str | None) -> Iterator[Target]:
     """The host chosen by --hosts/--host, connected, and closed on every path out of the verb."""
     from dflashctl.config import load_inventory
+    from dflashctl.remote import connect
 
     target = connect(load_inventory(hosts).get(host))
     try:
