@@ -147,6 +147,19 @@ def test_drafter_crash_on_rank_1_ends_both_ranks_naming_it(launch, tmp_path):
     assert not (crash.run_dir / "checkpoints").exists()
 
 
+def test_a_hung_rank_fails_the_collective_after_dist_timeout_s(launch):
+    # rank 1's coordinator stops feeding its drafters: rank 0 waits in the all-reduce until runtime.dist_timeout_s
+    # (20 s here, torch's default 30 minutes: ending within the wait below takes the configured timeout)
+    hung = launch("hung", *TWO, "--set", "train.steps=50", "--set", "runtime.dist_timeout_s=20",
+                  env={"DFLASH_FAULT": "1/coordinator@3:hang"})
+    assert hung.wait(240) != 0
+    lines = hung.log.splitlines()
+    aborted = [line for line in lines if line.startswith("training aborted: rank 0 drafter-")]
+    assert aborted and "Timed out waiting 20000ms" in aborted[0], hung.log[-3000:]
+    assert any(line.startswith("[rank 1] training aborted: rank 0 drafter-") for line in lines)
+    assert not (hung.run_dir / "checkpoints").exists()
+
+
 @pytest.mark.parametrize(("env", "args", "why"), [
     ({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}, [], "RANK is not set"),
     ({"WORLD_SIZE": "two"}, [], "WORLD_SIZE='two' is not an integer"),
