@@ -14,8 +14,9 @@ import sys
 import typer
 from typer._click.exceptions import NoArgsIsHelpError
 from typer.exceptions import TyperException
+from typer.main import get_command
 
-from dflashctl.cli import common
+from dflashctl.cli import coerce, common
 from dflashctl.cli.app import app
 from dflashctl.errors import DflashError, ExitCode
 
@@ -34,7 +35,9 @@ from dflashctl.cli import status as _status  # noqa: E402,F401
 def main(argv: list[str] | None = None) -> int:
     """The console script: the verb's exit code (DESIGN §5); never a traceback for a DflashError."""
     try:
-        rv = app(args=argv, prog_name="dflashctl", standalone_mode=False)
+        command = get_command(app)
+        coerce.install(command)  # no pydantic for plain values (issue 16)
+        rv = command(args=argv, prog_name="dflashctl", standalone_mode=False)
     except DflashError as e:
         common.error(e.message, hint=e.hint)
         return int(e.exit_code)

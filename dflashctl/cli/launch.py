@@ -13,16 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.markup import escape
 
 from dflashctl.cli.app import app
-from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, err, open_target, out, print_json, show
+from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, err, escape, open_target, out, print_json, show
 from dflashctl.errors import ConfigError
-from dflashctl.remote import Target
 
 if TYPE_CHECKING:  # each verb imports its command module itself: `status` should not pay for `launch`
     from dflashctl.commands import launch as launch_cmd
     from dflashctl.commands.sentinel import WatchOptions
+    from dflashctl.remote import Target
 
 SourceOpt = typer.Option(None, "--source", metavar="DIR",
                          help="code to deploy when the container's is stale: any directory (default: the host's "

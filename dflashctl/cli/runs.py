@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from dflashctl.cli.app import app
-from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, age, err, open_target, out, print_json, show
+from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, age, err, escape, open_target, out, print_json, show
 from dflashctl.errors import ConfigError, ExitCode
-from dflashctl.remote import Target
 
 if TYPE_CHECKING:  # each verb imports its command module itself: `status` should not pay for `kill-zombies`
+    from rich.table import Table
+
     from dflashctl.commands import logs as logs_cmd
     from dflashctl.commands import zombies as zombies_cmd
+    from dflashctl.remote import Target
 
 
 @app.command("runs")
@@ -39,6 +39,8 @@ def runs(host: str | None = HostOpt, hosts: Path | None = HostsOpt, json_out: bo
     if not lst.runs:
         out(f"no runs in {lst.workspace}/runs on {lst.host}")
         return
+    from rich.table import Table
+
     table = Table(box=None, pad_edge=False, header_style="bold")
     chained = any(r.attempt is not None for r in lst.runs)
     watched = any(r.events_tail for r in lst.runs)
@@ -184,6 +186,8 @@ def _short_cmd(cmdline: str, width: int = 70) -> str:
 
 def zombie_table(rows: list[zombies_cmd.ZombieRow], *, outcome: bool) -> Table:
     """The processes kill-zombies (or a refused launch) lists; with outcome, what ending each one did."""
+    from rich.table import Table
+
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("PID", "RUN", "AGE", "GPU MiB", "STATE", "ACTION", "WHY", "COMMAND"):
         table.add_column(col, overflow="fold", no_wrap=col != "WHY")

@@ -7,22 +7,31 @@ refused, no live process), 102 for an unknown run. --json prints the result's re
 from __future__ import annotations
 
 import re
+from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.text import Text
 
-from dflashctl.analysis.stacks import ProcessStacks, ThreadStack
 from dflashctl.cli.app import app
 from dflashctl.cli.common import HostOpt, HostsOpt, JsonOpt, open_target, out, print_json
 
-_CODE_TREE = re.compile(r"^.*/\.code/[0-9a-f]+/")  # a deployed code version: <workspace>/.code/<hash16>/
-_LIB = re.compile(r"^.*/(?:site|dist)-packages/|^.*/lib/python3\.\d+/")
+if TYPE_CHECKING:
+    from rich.text import Text
+
+    from dflashctl.analysis.stacks import ProcessStacks, ThreadStack
+
+
+@cache
+def _prefixes() -> tuple[re.Pattern[str], ...]:
+    """Compiled on first use (not at every `dflashctl` start): a deployed code tree, then a library directory."""
+    return (re.compile(r"^.*/\.code/[0-9a-f]+/"),  # a deployed code version: <workspace>/.code/<hash16>/
+            re.compile(r"^.*/(?:site|dist)-packages/|^.*/lib/python3\.\d+/"))
 
 
 def short_path(file: str) -> str:
     """A frame's file as a person reads it: from the deployed tree, the package, or the standard library on."""
-    for pattern in (_CODE_TREE, _LIB):
+    for pattern in _prefixes():
         shorter = pattern.sub("", file, count=1)
         if shorter != file:
             return shorter
@@ -36,6 +45,8 @@ def thread_header(t: ThreadStack) -> str:
 
 
 def process_lines(p: ProcessStacks) -> list[Text]:
+    from rich.text import Text
+
     cmd = " ".join([p.argv[0].rsplit("/", 1)[-1], *p.argv[1:]]) if p.argv else "?"
     how = p.method or "no stacks"
     lines = [Text(""), Text(f"── pid {p.pid} · {cmd[:160]} ({p.role}) · {how}", style="bold")]
@@ -71,6 +82,8 @@ def stacks(
 
     py-spy where the container has it, else the trainer's dump signal (SIGUSR1 to faulthandler). The run's supervisor
     and sentinel are left out unless --all. Exit 0 when stacks were printed, 2 when nothing could be dumped."""
+    from rich.text import Text
+
     from dflashctl.commands import stacks as stacks_cmd
 
     with open_target(hosts, host) as target:
