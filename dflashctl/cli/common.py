@@ -38,12 +38,23 @@ class _LazyConsole:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._get(), name)
 
+    def __enter__(self) -> Console:  # rich's Live enters its console: dunders bypass __getattr__
+        return self._get().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._get().__exit__(*exc)
+
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self._get(), name, value)
 
 
 console: Console = _LazyConsole(highlight=False)  # type: ignore[assignment]
 err_console: Console = _LazyConsole(stderr=True, highlight=False)  # type: ignore[assignment]
+
+
+def rich_console(*, stderr: bool = False) -> Console:
+    """The real Console behind `console` / `err_console`, for rich objects that take one (Live)."""
+    return (err_console if stderr else console)._get()  # type: ignore[attr-defined]
 
 
 def out(*objects: Any, **kwargs: Any) -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from dflashctl.cli.app import app
-from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, console, err, escape, print_json
+from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, console, err, escape, print_json, rich_console
 from dflashctl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ def _watch(connect, run: str | None, interval: float, json_: bool, exit_on_failu
         else:
             if not console.is_terminal:
                 console.width = 160  # see _print: the final view is printed once, unwrapped
-            with Live(console=console, auto_refresh=False, transient=False) as live:
+            with Live(console=rich_console(), auto_refresh=False, transient=False) as live:
                 for v in views:
                     live.update(render_view(v, history=True, events=events), refresh=True)
                     last = v
