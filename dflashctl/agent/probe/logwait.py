@@ -21,7 +21,8 @@ from dflashctl.agent.probe.urgent import UrgentLines
 POLL_S = 0.05  # the stat fallback's grain (and the pid check's where there is no pidfd)
 MIN_GAP_S = 0.1  # the shortest time between two reports
 READ_MAX = 4 << 20  # bytes read per look: a log growing faster is looked at in pieces
-SETTLE_S = 0.02  # after an event: let a burst of writes land before reading (one read per burst, not per write)
+SETTLE_S = 0.005  # after an event: let a burst of writes land before reading (one read per burst, not per write)
+LOOK_GAP_S = 0.05  # a log written all the time is looked at 20 times a second, not once per write
 
 
 class LogWaiter:
@@ -43,7 +44,8 @@ class LogWaiter:
         self.pidfd: int | None = None
         self.watch: DirWatch | None = None
         self.not_before = 0.0
-        self.looks = 0  # times the log was stat'ed: for tests and the benchmark's idle row
+        self.looks = 0  # times the log was looked at: for tests
+        self.last_look = 0.0
 
     def follow(self, doc: dict) -> None:
         """A report went out: watch what it described, from where its log bytes ended."""
@@ -101,12 +103,13 @@ class LogWaiter:
             return
         ready, _, _ = select.select(fds, [], [], max(0.0, timeout))
         if self.watch is not None and self.watch.fd in ready:
-            time.sleep(SETTLE_S)
+            time.sleep(max(SETTLE_S, self.last_look + LOOK_GAP_S - time.time()))
             self.watch.drain()
 
     def _look(self) -> None:
         """Read what the log grew by and check the run's end markers."""
         self.looks += 1
+        self.last_look = time.time()
         self._scan(None, wake=True)
         if not self.exit_code_seen and os.path.exists(os.path.join(self.run_dir, "exit_code")):
             self.exit_code_seen = self.ended = True
