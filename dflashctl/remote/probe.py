@@ -167,8 +167,10 @@ def stream_docs(target: Target, workspace: str, run: str | None, log_offset: int
                 *, procs: bool = False, gpus: bool = True, log_max: int = DEFAULT_LOG_MAX,
                 log_inode: int | None = None, events: bool = False,
                 gpu_interval: float | None = None) -> Generator[dict, None, None]:
-    """One report per interval from a single long-running probe (no per-poll `pct exec` cost); each
-    carries only the log bytes new since the previous one. Close the iterator to stop the probe.
+    """One report per interval from a single long-running probe (no per-poll `pct exec` cost), and one at once
+    (at most every 0.1 s) when the log shows a crash or the run ends (agent/probe/logwait.py): the interval paces
+    only the idle updates. Each carries only the log bytes new since the previous one. Close the iterator to stop
+    the probe.
     log_inode: the inode the offset belongs to, so a log rotated between reconnects (a new file that
     may already be larger than the offset) is read again from 0 instead of from the old offset.
     gpu_interval: read the GPUs this often between reports (each report's gpus_series; default: once a report)."""
