@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dflashctl.errors import ConfigError
-from dflashctl.model import Host
+from dflashctl.model import Cluster, Host
 
 HOST_KEYS = (
     "transport", "address", "user", "port", "identity_file", "proxy_jump", "container", "workspace",
@@ -26,8 +26,9 @@ HOST_KEYS = (
     "code_source", "code_max_file_mib", "code_max_total_mib",
     "command", "progress_regex",
     "sentinel", "sentinel_interval", "notify", "on_worker_failure", "idle_limit", "stall_limit", "restart_on",
-    "max_restarts", "restart_backoff", "stall_window",
+    "max_restarts", "restart_backoff", "stall_window", "node_address",
 )
+CLUSTER_KEYS = ("hosts", "rendezvous_port", "nproc_per_node")
 GPU_KEYS = ("target", "drafters")
 SSH_ONLY = ("address", "user", "port", "identity_file", "proxy_jump", "accept_new_host_key", "persist")
 CONTAINER_WORKSPACE = "/workspace/dflash"
@@ -60,6 +61,7 @@ class Inventory:
     default: str | None = None
     path: Path | None = None
     _order: tuple[str, ...] = field(default=(), repr=False)
+    clusters: dict[str, Cluster] = field(default_factory=dict)  # [clusters.NAME], each naming hosts defined here
 
     @property
     def source(self) -> str:
@@ -138,8 +140,8 @@ def parse_inventory(text: str, path: Path) -> Inventory:
         raise ConfigError(f"{path}: invalid TOML: {e}", hint="see docs/hosts.md for the format") from None
     where = _Where(path, text)
     for key in doc:
-        if key not in ("default", "hosts"):
-            raise where.error(None, key, "unknown top-level key (expected `default` and [hosts.NAME] tables)")
+        if key not in ("default", "hosts", "clusters"):
+            raise where.error(None, key, "unknown top-level key (expected default, [hosts.NAME], [clusters.NAME])")
     hosts_table = doc.get("hosts", {})
     if not isinstance(hosts_table, dict):
         raise where.error(None, "hosts", "must be tables: [hosts.NAME]")
@@ -161,7 +163,29 @@ def parse_inventory(text: str, path: Path) -> Inventory:
         default = "local"
     elif len(hosts) == 1:
         default = next(iter(hosts))
-    return Inventory(hosts, default=default, path=path, _order=tuple(hosts))
+    return Inventory(hosts, default, path, tuple(hosts), _clusters(doc.get("clusters", {}), hosts, path))
+
+
+def _clusters(table: Any, hosts: dict[str, Host], path: Path) -> dict[str, Cluster]:
+    """[clusters.NAME] hosts = ["pve1", "pve2"] (+ rendezvous_port, nproc_per_node), naming hosts defined here."""
+    out: dict[str, Cluster] = {}
+    for name, t in (table if isinstance(table, dict) else {"": None}).items():
+        if not _NAME.match(name) or not isinstance(t, dict):
+            raise ConfigError(f"{path}: [clusters.{name}] must be a table [clusters.NAME] (letters, digits, _ . -)")
+        members, port, nproc = t.get("hosts"), t.get("rendezvous_port", 29500), t.get("nproc_per_node", 1)
+        problem = next((f"{k}: unknown key (known: {', '.join(CLUSTER_KEYS)})" for k in t if k not in CLUSTER_KEYS),
+                       None)
+        if problem is None and (not isinstance(members, list) or not members
+                                or any(not isinstance(h, str) for h in members) or len(set(members)) < len(members)):
+            problem = 'hosts: must be an array of distinct host names like ["pve1", "pve2"]'
+        problem = problem or next((f"hosts: names host {h!r}, which is not defined (known: {', '.join(hosts)})"
+                                   for h in members if h not in hosts), None)
+        if problem is None and not (type(port) is int and 0 < port < 65536 and type(nproc) is int and nproc > 0):
+            problem = f"rendezvous_port (1-65535) and nproc_per_node (1 or more) are integers, not {port!r}, {nproc!r}"
+        if problem:
+            raise ConfigError(f"{path}: [clusters.{name}] {problem}", hint="see docs/hosts.md \"Clusters\"")
+        out[name] = Cluster(name, tuple(members), port, nproc)
+    return out
 
 
 class _Where:
@@ -296,6 +320,7 @@ def _host(name: str, t: dict[str, Any], where: _Where) -> Host:
         **_code_keys(name, t, where),
         command=_command(name, t, where),
         progress_regex=_progress_regex(name, t, where),
+        node_address=string("node_address"),
         **_sentinel_keys(name, t, where),
     )
 

@@ -58,6 +58,7 @@ class Host:
     max_restarts: int | None = None
     restart_backoff: str | None = None
     stall_window_s: float | None = None  # alive, no new step for this long → stalled (status and the sentinel)
+    node_address: str | None = None  # how the other nodes of a cluster run reach this host's container (rendezvous)
 
     @property
     def endpoint(self) -> str:
@@ -73,6 +74,16 @@ class Host:
     def label(self) -> str:
         where = self.address or "localhost"
         return f"{self.name} ({where}{f' ct {self.container}' if self.container is not None else ''})"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """[clusters.NAME] of hosts.toml (or `launch --host a,b`): one run across these hosts, the first the rendezvous."""
+
+    name: str
+    hosts: tuple[str, ...]
+    rendezvous_port: int = 29500  # torchrun's --master-port on the first host
+    nproc_per_node: int = 1  # torchrun's --nproc-per-node on every host
 
 
 class Verdict(StrEnum):

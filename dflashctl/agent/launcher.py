@@ -97,6 +97,8 @@ def start(spec: dict, source: str, *, wait_pid: bool = True) -> dict:
         checkpoint = newest_checkpoint(os.path.join(spec["runs_dir"], resume))
         if checkpoint is None:
             return {"error": "no-checkpoint", "message": f"run {resume} has no checkpoint to resume from"}
+    if spec.get("exact_id") and os.path.lexists(os.path.join(spec["runs_dir"], spec["base_id"])):
+        return {"error": "run-dir", "message": f"run {spec['base_id']} already exists in {spec['runs_dir']}"}
     try:
         run_id, run_dir = mkdir_exclusive(spec["runs_dir"], spec["base_id"])
     except (OSError, RuntimeError) as e:
@@ -115,7 +117,8 @@ def start(spec: dict, source: str, *, wait_pid: bool = True) -> dict:
         else:
             with open(config_src, "rb") as f:
                 write_atomic(config, f.read())
-        argv = [spec["python"], "-m", spec["module"], "--config", config, "--run-dir", run_dir, *spec["extra"]]
+        argv = [spec["python"], *spec.get("runner", []), "-m", spec["module"], "--config", config, "--run-dir", run_dir,
+                *spec["extra"]]
         meta["config"] = dict(meta.get("config") or {}, path=config, copied_from=config_src)
     meta.update({
         "id": run_id,

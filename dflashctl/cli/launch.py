@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from dflashctl.cli.app import app
+from dflashctl.cli.cluster import ClusterOpt, launch_across, pick
 from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, err, escape, open_target, out, print_json, show
 from dflashctl.errors import ConfigError
 
@@ -98,11 +99,17 @@ def launch(
                                             help="at most N restarts (default 1 with --restart-on)"),
     backoff: str | None = typer.Option(None, "--backoff", metavar="TIME", rich_help_panel=_W,
                                        help="wait TIME before each restart (default 10s)"),
+    cluster: str | None = ClusterOpt,
+    rendezvous_port: int | None = typer.Option(None, "--rendezvous-port", metavar="PORT", min=1, max=65535,
+                                               help="across hosts: torchrun's port on the first host (29500)"),
+    nproc_per_node: int | None = typer.Option(None, "--nproc-per-node", metavar="N", min=1,
+                                              help="across hosts: trainer processes per host (1)"),
     host: str | None = HostOpt,
     hosts: Path | None = HostsOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Start a run detached in the container, with its own run directory: the bundled trainer, or any command.
+    With --cluster NAME or --host pve1,pve2: one run across those hosts (torchrun on each, rendezvous on the first).
 
     Each run gets a sentinel inside the container: it writes <run>/events.jsonl and, with --notify, tells you about
     a crashed worker, a stall or the end while your laptop is closed."""
@@ -118,6 +125,12 @@ def launch(
                                     confirm=wait_for == "started" and not follow,
                                     watch=_watch_opts(sentinel, notify, notify_on, on_worker_failure, idle_limit,
                                                       stall_limit, restart_on, max_restarts, backoff))
+    inv, across = pick(hosts, host, cluster, rendezvous_port=rendezvous_port, nproc_per_node=nproc_per_node)
+    if across is not None:
+        if follow or wait_for != "started":
+            raise ConfigError("--follow and --wait-for step|exit follow one host; a run across hosts returns once "
+                              "every node has started", hint="then: dflashctl status RUN --cluster NAME")
+        launch_across(inv, across, opts, json_out)
     with open_target(hosts, host) as target:
         with _launch_errors(target, json_out):
             res = launch_cmd.launch(target, opts, say=_say(json_out))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from dflashctl.cli.app import app
+from dflashctl.cli.cluster import ClusterOpt, entry_host, logs_across, members, pick, stop_across, zombies_across
 from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, age, err, escape, open_target, out, print_json, show
 from dflashctl.errors import ConfigError, ExitCode
 
@@ -70,6 +71,9 @@ def logs(
     errors: bool = typer.Option(False, "--errors",
                                 help="only whole tracebacks of crashed threads and ranks + final exception"),
     events: bool = typer.Option(False, "--events", help="the run's event timeline (its sentinel's events.jsonl)"),
+    node: str | None = typer.Option(None, "--node", metavar="HOST",
+                                    help="a run across hosts: this node's log alone (else every node's, prefixed)"),
+    cluster: str | None = ClusterOpt,
     host: str | None = HostOpt,
     hosts: Path | None = HostsOpt,
     json_out: bool = JsonOpt,
@@ -79,7 +83,8 @@ def logs(
         raise ConfigError(f"--lines must be 0 or more (got {lines})")
     from dflashctl.commands import logs as logs_cmd
 
-    with open_target(hosts, host) as target:
+    inv, _ = pick(hosts, host, cluster)
+    with open_target(hosts, node or entry_host(inv, host, cluster)) as target:
         if errors:
             _print_errors(logs_cmd.errors(target, run), json_out)
             return
@@ -95,6 +100,13 @@ def logs(
         if follow:
             raise Exit(follow_log(target, run, lines=lines))
         t = logs_cmd.tail(target, run, lines)
+        across = members(t.run.meta)
+        if node is not None and node not in [h for h, _ in across or []]:
+            raise ConfigError(f"--node {node}: run {t.run.id} is not a run across hosts with a node {node}",
+                              hint="the nodes are in `dflashctl status RUN`")
+        if across and node is None:
+            logs_across(inv, target.host.name, t.run.id, across, lines, json_out)
+            return
         if json_out:
             print_json(t.to_record())
             return
@@ -157,15 +169,23 @@ def follow_log(target: Target, run: str | None, *, from_start: bool = False, lin
 def stop(
     run: str | None = typer.Argument(None, metavar="[RUN]", help="run id (default: the latest run)"),
     grace: float = typer.Option(30.0, "--grace", metavar="S", help="seconds between SIGTERM and SIGKILL"),
+    cluster: str | None = ClusterOpt,
     host: str | None = HostOpt,
     hosts: Path | None = HostsOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Stop a run: SIGTERM to its process group, grace period, SIGKILL. Exits 103 (stopped by user)."""
+    """Stop a run: SIGTERM to its process group, grace period, SIGKILL. Exits 103 (stopped by user).
+    A run across hosts (meta.json `cluster`) is stopped on every node."""
     from dflashctl.commands import stop as stop_cmd
+    from dflashctl.commands.runs import get_run
 
-    with open_target(hosts, host) as target:
-        res = stop_cmd.stop(target, run, grace_s=grace)
+    inv, _ = pick(hosts, host, cluster)
+    with open_target(hosts, entry_host(inv, host, cluster)) as target:
+        info, _doc = get_run(target, run)
+        across = members(info.meta)
+        if across:
+            stop_across(inv, target.host.name, info.id, across, grace, json_out)
+        res = stop_cmd.stop(target, info.id, grace_s=grace)
     if json_out:
         print_json(res.to_record())
     else:
@@ -209,12 +229,20 @@ def kill_zombies(
     pid: list[int] | None = typer.Option(None, "--pid", metavar="PID",
                                          help="also end this process although it has no marker (repeatable)"),
     grace: float = typer.Option(10.0, "--grace", metavar="S", help="seconds between SIGTERM and SIGKILL"),
+    cluster: str | None = ClusterOpt,
     host: str | None = HostOpt,
     hosts: Path | None = HostsOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """End processes of earlier runs, defunct children's parents, and GPU holders of no live run."""
+    """End processes of earlier runs, defunct children's parents, and GPU holders of no live run (with --cluster
+    NAME or --host a,b: on every one of those hosts)."""
     from dflashctl.commands import zombies as zombies_cmd
+
+    inv, across = pick(hosts, host, cluster)
+    if across is not None:
+        if pid:
+            raise ConfigError("--pid names a process on one host; give --host HOST with it")
+        zombies_across(inv, across, dry_run, yes, grace, json_out, zombie_table)
 
     with open_target(hosts, host) as target:
         found = zombies_cmd.scan(target, tuple(pid or ()))

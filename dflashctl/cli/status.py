@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from dflashctl.cli.app import app
+from dflashctl.cli.cluster import ClusterOpt, entry_host, status_across
 from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, console, err, escape, print_json, rich_console
 from dflashctl.errors import ConfigError
 
@@ -58,6 +59,7 @@ def status(
                                          help="with --watch: exit with the verdict's code once the run "
                                               "crashes, loses a thread or stalls"),
     all_hosts: bool = typer.Option(False, "--all", help="every host of the inventory, one line each"),
+    cluster: str | None = ClusterOpt,
     events: bool = typer.Option(False, "--events", help="the run's whole event timeline (its sentinel's "
                                                         "events.jsonl), not only the last few"),
     notify_desktop: bool = typer.Option(False, "--notify-desktop",
@@ -79,13 +81,15 @@ def status(
             raise ConfigError(f"--gpu-interval {gpu_interval:g} must be above 0 and at most --interval ({interval:g})",
                               hint="e.g. dflashctl status --watch --gpu-interval 0.2")
     inv = _load_hosts(hosts)
-    h = inv.get(host)
+    h = inv.get(entry_host(inv, host, cluster))  # a run across hosts is asked on its first host, which names the rest
     from dflashctl.commands import status as status_cmd
     from dflashctl.remote import connect
 
     if not watch:
         with connect(h) as target:
             v = status_cmd.status_once(target, run)
+        if v.run is not None and (v.run.meta or {}).get("cluster"):
+            status_across(inv, v, json_)
         if json_:
             print_json(v.to_record())
         else:

@@ -136,7 +136,9 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     spec = {
         "runs_dir": runs_dir(host.workspace),
-        "base_id": f"{stamp}-{slug}",
+        "base_id": opts.run_id or f"{stamp}-{slug}",
+        "exact_id": opts.run_id is not None,
+        "runner": list(opts.runner),
         "python": host.python,
         "cwd": f"{host.workspace.rstrip('/')}/code",
         "module": opts.module,

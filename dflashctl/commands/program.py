@@ -41,6 +41,8 @@ class LaunchOptions:
     env: dict[str, str] = field(default_factory=dict)  # --env: more variables for the program (parse_env)
     host_command: bool = False  # neither given: the host's `command` (hosts.toml) with `extra` appended, if it has one
     watch: WatchOptions = field(default_factory=WatchOptions)  # the run's sentinel: notify, failure policy, restarts
+    run_id: str | None = None  # this exact run id (a cluster's later nodes take the first node's); refused if taken
+    runner: list[str] = field(default_factory=list)  # after python, before `-m MODULE`: `-m torch.distributed.run …`
 
 
 

@@ -1,0 +1,83 @@
+"""One run across two simulated Proxmox hosts: `launch --cluster` / `--host a,b` starts torchrun on each (the bundled
+trainer, gloo on the CPU), `status` judges the run as a whole, a crash on node 2 names it, `stop` ends both."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from harness.poll import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+# small and eager: two drafter threads a node, one process a node, one step a log line
+TRAIN = ["--", "--set", "runtime.compile_strategy=off", "--set", "train.batch_size=2", "--set", "train.seq_len=64",
+         "--set", "train.log_interval=1", "--set", 'devices.drafters=["cpu","cpu"]', "--set",
+         "runtime.heartbeat_interval_s=0.2"]
+
+
+def _meta(hosts, env, run_id: str) -> dict:
+    return json.loads((hosts.runs_dir(env) / run_id / "meta.json").read_text())
+
+
+def test_launch_across_two_hosts_trains_shows_both_nodes_and_stop_ends_both(two_hosts, cli):
+    h = two_hosts
+    res = cli("launch", "--cluster", "duo", "--name", "duo run", "--json", *TRAIN, "--set", "train.steps=100000")
+    assert res.code == 0, res.err
+    doc = res.json()
+    run_id = doc["run_id"]
+    assert [n["host"] for n in doc["nodes"]] == ["pve1", "pve2"]
+    assert [n["run_id"] for n in doc["nodes"]] == [run_id, run_id]
+    assert h.run_dirs(h.pve1) == [run_id] and h.run_dirs(h.pve2) == [run_id]
+    for rank, env in enumerate((h.pve1, h.pve2)):
+        meta = _meta(h, env, run_id)
+        c = meta["cluster"]
+        assert c["members"] == [{"host": "pve1", "node_rank": 0}, {"host": "pve2", "node_rank": 1}]
+        assert c["node_rank"] == rank and c["rendezvous"] == f"127.0.0.1:{h.port}"
+        argv = meta["argv"]
+        assert argv[1:3] == ["-m", "torch.distributed.run"] and argv[argv.index("--node-rank") + 1] == str(rank)
+
+    def training() -> dict | None:
+        st = cli("status", run_id, "--json")
+        d = st.json() if st.out.strip() else {}
+        return d if d.get("verdict") == "training" else None
+
+    st = wait_until(training, timeout=180, every=1.0, what="the run across both hosts training")
+    assert [(n["host"], n["node_rank"]) for n in st["nodes"]] == [("pve1", 0), ("pve2", 1)]
+    assert all(n["error"] is None for n in st["nodes"])
+    assert st["nodes"][0]["progress"]["step"] >= 1
+    table = cli("status", run_id, "--cluster", "duo")
+    assert table.code == 0 and "pve1" in table.out and "pve2" in table.out and "training" in table.out, table.out
+
+    logs = cli("logs", run_id, "-n", "5")
+    assert logs.code == 0 and "[pve1] " in logs.out and "[pve2] " in logs.out, logs.out
+    only2 = cli("logs", run_id, "--node", "pve2", "-n", "5")
+    assert only2.code == 0 and "[pve1]" not in only2.out
+
+    stopped = cli("stop", run_id, "--json", "--grace", "10")
+    assert stopped.code == 103, stopped.err
+    assert [n["host"] for n in stopped.json()["nodes"]] == ["pve1", "pve2"]
+    for env in (h.pve1, h.pve2):
+        assert h.marked(env, run_id) == []
+        assert (h.runs_dir(env) / run_id / "exit_code").exists()
+
+
+def test_a_crash_on_node_2_makes_the_run_crashed_naming_node_2(two_hosts, cli):
+    h = two_hosts
+    # the fault hook's `R/` prefix: global rank 1 only, which (one process a node) is node 2's trainer
+    res = cli("launch", "--host", "pve1,pve2", "--rendezvous-port", str(h.port), "--json",
+              "--env", "DFLASH_FAULT=1/drafter-1@3", *TRAIN, "--set", "train.steps=100000")
+    assert res.code == 0, res.err
+    run_id = res.json()["run_id"]
+
+    def ended() -> dict | None:
+        st = cli("status", run_id, "--json")
+        d = st.json() if st.out.strip() else {}
+        return d if all(n.get("verdict") in ("crashed", "lost") for n in d.get("nodes", [{}])) else None
+
+    st = wait_until(ended, timeout=180, every=1.0, what="both nodes ended")
+    assert st["verdict"] == "crashed" and st["exit_code"] == 100
+    assert st["failed_node"] == "pve2", [(n["host"], n["root_cause"], n["reasons"], n["threads"]) for n in st["nodes"]]
+    assert st["reasons"][0].startswith("node pve2 failed first"), st["reasons"]
+    table = cli("status", run_id)
+    assert table.code == 100 and "node pve2 failed first" in table.out, table.out
