@@ -36,12 +36,10 @@ Make = Callable[..., Transport]
 
 @pytest.fixture(params=["in-process", "master"])
 def make(request: pytest.FixtureRequest) -> Make:
-    """Each behaviour twice: SshTransport in this process, and through a connection master (a fresh one per test, in
-    a state dir of its own, ended after it)."""
-    if request.param == "in-process":
-        return SshTransport
-    request.getfixturevalue("fresh_masters")
-    return MasterTransport
+    """Each behaviour twice: SshTransport in this process, and through a connection master (fresh_masters: its own)."""
+    if request.param == "master":
+        request.getfixturevalue("fresh_masters")
+    return MasterTransport if request.param == "master" else SshTransport
 
 
 @pytest.fixture
