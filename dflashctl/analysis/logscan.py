@@ -2,13 +2,16 @@
 
 `LogScanner.feed(bytes)` takes the log from where the last call stopped (line count, partial last line,
 open traceback and pending thread headers are kept), so a 5 GB log is read once and then only its new
-bytes. Most lines cannot matter and are never decoded: a regex of literal anchors (rawlines.py) finds the
-next "special" line at C speed; every line is read only while a traceback is open; in the ordinary
-stretches between, only the latest KEEP_PROGRESS progress lines are parsed (found backwards with rfind),
-since nothing older can reach the report.
+bytes. Most lines cannot matter and are never decoded: the next "special" line (one holding a literal
+anchor, rawlines.py) is found at C speed, each anchor by a pivot byte (anchorfind.py: memchr, near grep);
+every line is read only while a traceback is open; in the ordinary stretches between, only the latest
+KEEP_PROGRESS progress lines are parsed (found backwards with rfind), since nothing older can reach the
+report. So a first full scan is cheapest as ONE buffer: `feed_file(f)` maps the file and feeds it whole
+(every feed() parses its own latest progress lines: 8 MB pieces of a 256 MB log cost ~40 % more than 64 MB).
 
 API (stable; `logs --errors`, `runs`, `status`, `diagnose` use it): `LogScanner.feed(data) -> [Event]`,
-`.flush()` at end of input, `.reset()` on rotation, `.report() -> LogReport`; `scan(data) -> LogReport`.
+`.feed_file(f) -> [Event]`, `.flush()` at end of input, `.reset()` on rotation, `.report() -> LogReport`;
+`scan(data) -> LogReport`.
 
 Real logs are messy, and this is written for them: `\\r` progress bars, ANSI colour, invalid UTF-8, a
 truncated last line, rotation (`reset()`), and tracebacks of threads that crashed at the same moment,
