@@ -4,8 +4,9 @@ Between reports the probe watches the run directory at a fine grain: inotify whe
 on its descriptor, and on a pidfd of the trainer so its death wakes it too), else a stat of the log every
 POLL_S. New log bytes are read from where this waiter last looked and fed to UrgentLines (urgent.py); the wait
 ends early when they hold a crash, a signature or the run's end, when exit_code appears, or when the trainer's
-process is gone. Ordinary growth never ends it: the redraw interval paces those reports. Two reports are never
-closer than MIN_GAP_S, so a crash storm is a report every 0.1 s, not a flood.
+process is gone. Ordinary growth never ends it: the redraw interval paces those reports. An early report never
+follows an early one by less than MIN_GAP_S, so a crash storm is a report every 0.1 s, not a flood (a timed report
+does not hold the next early one back: a crash that lands while one is being built goes out right after it).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dflashctl.agent.probe.inotify import DirWatch, open_dir
 from dflashctl.agent.probe.urgent import UrgentLines
 
 POLL_S = 0.05  # the stat fallback's grain (and the pid check's where there is no pidfd)
-MIN_GAP_S = 0.1  # the shortest time between two reports
+MIN_GAP_S = 0.1  # the shortest time from one early report to the next
 READ_MAX = 4 << 20  # bytes read per look: a log growing faster is looked at in pieces
 SETTLE_S = 0.005  # after an event: let a burst of writes land before reading (one read per burst, not per write)
 LOOK_GAP_S = 0.05  # a log written all the time is looked at 20 times a second, not once per write
@@ -44,12 +45,13 @@ class LogWaiter:
         self.pidfd: int | None = None
         self.watch: DirWatch | None = None
         self.not_before = 0.0
+        self.woke = False  # the last wait ended early: the report that follows it is an early one
         self.looks = 0  # times the log was looked at: for tests
         self.last_look = 0.0
 
     def follow(self, doc: dict) -> None:
         """A report went out: watch what it described, from where its log bytes ended."""
-        self.not_before = time.time() + MIN_GAP_S
+        self.not_before, self.woke = (time.time() + MIN_GAP_S if self.woke else 0.0), False
         run, log = doc.get("run"), doc.get("log")
         run_dir = run.get("dir") if run else None
         if run_dir != self.run_dir:
@@ -84,6 +86,7 @@ class LogWaiter:
             self._look()
             now = time.time()
             if self.pending() and now >= self.not_before:
+                self.woke = True
                 return True
             if now >= until:
                 return False
