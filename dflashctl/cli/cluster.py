@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from dflashctl.commands.program import LaunchOptions
     from dflashctl.commands.status import StatusView
     from dflashctl.config import Inventory
-    from dflashctl.model import Cluster
+    from dflashctl.model import Cluster, Host
 
 ClusterOpt = typer.Option(None, "--cluster", metavar="NAME",
                           help="a [clusters.NAME] of hosts.toml: every host of it (or give --host pve1,pve2)")
@@ -80,6 +80,46 @@ def status_across(inv: Inventory, first: StatusView, json_out: bool) -> None:
     raise Exit(cs.exit_code)
 
 
+def watch_across(inv: Inventory, first: Host, run: str | None, interval: float, json_out: bool,
+                 exit_on_failure: bool) -> None:
+    """`status --watch --cluster NAME` (or --host a,b): every node's stream at once; exit = the run's verdict."""
+    from dflashctl.commands import cluster_watch
+    from dflashctl.commands.status import status_once
+    from dflashctl.remote import connect
+
+    with connect(first) as target:
+        v = status_once(target, run, log_max=0)
+    assert v.run is not None
+    cluster = (v.run.meta or {}).get("cluster")
+    if not isinstance(cluster, dict):
+        raise ConfigError(f"run {v.run.id} on {first.name} is not a run across hosts",
+                          hint=f"watch it alone: dflashctl status --watch {v.run.id} --host {first.name}")
+    expected = len(cluster.get("members") or [])
+    views = cluster_watch.watch_across(inv, first, cluster, v.run.id, connect, interval=interval)
+    last = None
+    try:
+        if json_out:
+            for last in views:
+                print_json(last.to_record())
+                if cluster_watch.settled(last, expected, exit_on_failure):
+                    break
+        else:
+            from rich.live import Live
+
+            from dflashctl.cli.common import console
+
+            with Live(console=console, auto_refresh=False, transient=False) as live:
+                for last in views:
+                    live.update(render(last), refresh=True)
+                    if cluster_watch.settled(last, expected, exit_on_failure):
+                        break
+    except KeyboardInterrupt:
+        raise Exit(0) from None
+    finally:
+        views.close()
+    raise Exit(last.exit_code if last is not None else 0)
+
+
 def render(cs: ClusterStatus):  # noqa: ANN201 - a rich renderable
     from rich.console import Group
     from rich.table import Table
@@ -96,8 +136,11 @@ def render(cs: ClusterStatus):  # noqa: ANN201 - a rich renderable
         step = h.progress.get("step")
         alive = sum(1 for t in h.threads if t.state == "running")
         gpus = ", ".join(f"{g.sample.index}:{g.sample.memory_used_mib or 0:.0f}MiB" for g in h.gpus) or "-"
-        table.add_row(str(n.node_rank), n.host, str(h.verdict), "-" if step is None else f"{step:g}",
-                      f"{alive}/{len(h.threads)}" if h.threads else "-", gpus, escape((h.reasons or [""])[0])[:90])
+        note = (h.reasons or [""])[0]
+        if n.counted_as is not None and n.counted_as != h.verdict:  # a later node: rank 0 prints the steps
+            note = f"{h.verdict} in its own log, which has no step lines (node 0's rank 0 prints them)"
+        table.add_row(str(n.node_rank), n.host, str(n.counted_as or h.verdict), "-" if step is None else f"{step:g}",
+                      f"{alive}/{len(h.threads)}" if h.threads else "-", gpus, escape(note)[:100])
     head = Text.from_markup(f"run [bold]{escape(cs.run_id)}[/] across {len(cs.nodes)} hosts (cluster "
                             f"{escape(str(cs.cluster.get('name')))}, rendezvous {cs.cluster.get('rendezvous')}): "
                             f"[bold]{cs.verdict}[/]")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from dflashctl.cli.app import app
-from dflashctl.cli.cluster import ClusterOpt, entry_host, status_across
+from dflashctl.cli.cluster import ClusterOpt, entry_host, status_across, watch_across
 from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, console, err, escape, print_json, rich_console
 from dflashctl.errors import ConfigError
 
@@ -95,6 +95,8 @@ def status(
         else:
             _print(render_view(v, events=None if events else 5))
         raise Exit(v.exit_code)
+    if cluster is not None or (host and "," in host):  # every node at once, one connection per host
+        watch_across(inv, h, run, interval, json_, exit_on_failure)
     _watch(lambda: connect(h), run, interval, json_, exit_on_failure, None if events else 5,
            _Desktop() if notify_desktop else None, gpu_interval)
 

@@ -44,6 +44,7 @@ class NodeRow:
     view: StatusView | None = None
     error: str | None = None
     exit_code: int = 0
+    counted_as: Verdict | None = None  # what this node adds to the run's verdict (judge(): a later node `starting`)
 
     @property
     def verdict(self) -> Verdict | None:
@@ -52,7 +53,8 @@ class NodeRow:
     def to_record(self) -> dict[str, Any]:
         if self.view is None:
             return {"host": self.host, "node_rank": self.node_rank, "error": self.error, "exit_code": self.exit_code}
-        return {"node_rank": self.node_rank, "error": None, **self.view.to_record()}
+        return {"node_rank": self.node_rank, "error": None, **self.view.to_record(),
+                "counted_as": None if self.counted_as is None else str(self.counted_as)}
 
 
 @dataclass
@@ -66,6 +68,9 @@ class ClusterStatus:
 
     @property
     def exit_code(self) -> int:
+        """The verdict's; a node that did not answer beside a run not failing: its code (102 unreachable)."""
+        if self.verdict.is_failure:
+            return self.verdict.exit_code
         return max([self.verdict.exit_code, *(n.exit_code for n in self.nodes if n.view is None)])
 
     def to_record(self) -> dict[str, Any]:
@@ -127,6 +132,8 @@ def judge(run_id: str, cluster: dict[str, Any], rows: list[NodeRow]) -> ClusterS
         return v
 
     judged = [r for r in rows if r.view is not None]
+    for r in judged:
+        r.counted_as = counted(r)
     verdict = max((counted(r) for r in judged), key=SEVERITY.index, default=Verdict.LOST)
     failed: str | None = None
     if verdict.is_failure:
@@ -141,7 +148,7 @@ def judge(run_id: str, cluster: dict[str, Any], rows: list[NodeRow]) -> ClusterS
     for r in rows:
         if r.view is None:
             reasons.append(f"{r.host} (node {r.node_rank}): {r.error}")
-        elif counted(r) == verdict and r.view.health.reasons and (r.host == failed or not verdict.is_failure):
+        elif r.verdict == verdict and r.view.health.reasons and (r.host == failed or not verdict.is_failure):
             reasons.append(f"{r.host} (node {r.node_rank}): {r.view.health.reasons[0]}")
     return ClusterStatus(run_id, cluster, rows, verdict, reasons, failed)
 

@@ -54,3 +54,21 @@ def test_a_host_that_refuses(two_hosts, cli):
     assert "pve2" in line and "nothing launched on any host" in line
     _nothing_anywhere(h)
     # the status of such a cluster's run: tested in test_cluster_run (a node that does not answer is a row)
+
+
+def test_a_later_node_that_cannot_start_stops_the_ones_started(two_hosts, cli):
+    """Node 2's GPU is held by a process of no run (checked as node 2 starts): node 1, already started, is stopped,
+    and the one line says so."""
+    h = two_hosts
+    h.write_hosts(pve2_keys="gpus = { target = [0] }")
+    h.pve2.set_gpus([{"memory.used": 88283, "utilization.gpu": 0}])
+    res = cli("launch", "--cluster", "duo", "--", "--set", 'devices.drafters=["cpu"]', "--set",
+              "runtime.compile_strategy=off")
+    assert res.code == 2, res.err
+    line = _one_line(res.err)[0]
+    assert "node 1 (pve2) did not start" in line and "GPU 0: 88283 MiB" in line, line
+    assert "stopped the node(s) already started: pve1" in line, line
+    [run_id] = h.run_dirs(h.pve1)
+    assert h.run_dirs(h.pve2) == []
+    assert h.marked(h.pve1, run_id) == []  # nothing of the half-launched run is left running
+    assert (h.runs_dir(h.pve1) / run_id / "exit_code").exists()

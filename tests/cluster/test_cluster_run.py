@@ -7,6 +7,7 @@ import json
 
 import pytest
 from harness.poll import wait_until
+from harness.sshd import closed_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -54,12 +55,26 @@ def test_launch_across_two_hosts_trains_shows_both_nodes_and_stop_ends_both(two_
     only2 = cli("logs", run_id, "--node", "pve2", "-n", "5")
     assert only2.code == 0 and "[pve1]" not in only2.out
 
+    h.write_hosts(pve2_port=closed_port())  # node 2 stops answering: a row saying so, not a hang
+    cut = cli("status", run_id, "--json")
+    assert cut.code == 102, cut.err
+    rows = {n["host"]: n for n in cut.json()["nodes"]}
+    assert rows["pve1"]["verdict"] == "training" and "pve2" in rows["pve2"]["error"]
+    assert cut.json()["verdict"] == "training" and any(r.startswith("pve2 (node 1): ") for r in cut.json()["reasons"])
+    h.write_hosts()
+
     stopped = cli("stop", run_id, "--json", "--grace", "10")
     assert stopped.code == 103, stopped.err
     assert [n["host"] for n in stopped.json()["nodes"]] == ["pve1", "pve2"]
     for env in (h.pve1, h.pve2):
         assert h.marked(env, run_id) == []
         assert (h.runs_dir(env) / run_id / "exit_code").exists()
+    after = cli("status", run_id, "--json").json()
+    assert after["verdict"] == "stopped" and [n["verdict"] for n in after["nodes"]] == ["stopped", "stopped"]
+    zombies = cli("kill-zombies", "--cluster", "duo", "--dry-run", "--json")
+    assert zombies.code == 0, zombies.err
+    assert [(x["host"], x["error"], x["dry_run"]) for x in zombies.json()["hosts"]] == [("pve1", None, True),
+                                                                                      ("pve2", None, True)]
 
 
 def test_a_crash_on_node_2_makes_the_run_crashed_naming_node_2(two_hosts, cli):
@@ -70,12 +85,15 @@ def test_a_crash_on_node_2_makes_the_run_crashed_naming_node_2(two_hosts, cli):
     assert res.code == 0, res.err
     run_id = res.json()["run_id"]
 
-    def ended() -> dict | None:
-        st = cli("status", run_id, "--json")
-        d = st.json() if st.out.strip() else {}
-        return d if all(n.get("verdict") in ("crashed", "lost") for n in d.get("nodes", [{}])) else None
+    # the live view: every node's stream at once (one connection per host), until both have ended
+    watched = cli("status", run_id, "--watch", "--cluster", "duo", "--json", "--interval", "0.5")
+    assert watched.code == 100, watched.err
+    views = [json.loads(ln) for ln in watched.out.splitlines()]
+    assert {n["host"] for v in views for n in v["nodes"]} == {"pve1", "pve2"}
+    assert [n["verdict"] for n in views[-1]["nodes"]] == ["crashed", "crashed"]
+    assert views[-1]["verdict"] == "crashed" and views[-1]["failed_node"] == "pve2"
 
-    st = wait_until(ended, timeout=180, every=1.0, what="both nodes ended")
+    st = cli("status", run_id, "--json").json()
     assert st["verdict"] == "crashed" and st["exit_code"] == 100
     assert st["failed_node"] == "pve2", [(n["host"], n["root_cause"], n["reasons"], n["threads"]) for n in st["nodes"]]
     assert st["reasons"][0].startswith("node pve2 failed first"), st["reasons"]
