@@ -108,11 +108,17 @@ def watch_across(inv: Inventory, first: Host, run: str | None, interval: float, 
 
             from dflashctl.cli.common import console
 
-            with Live(console=console, auto_refresh=False, transient=False) as live:
-                for last in views:
-                    live.update(render(last), refresh=True)
-                    if cluster_watch.settled(last, expected, exit_on_failure):
-                        break
+            saved = console.width
+            if not console.is_terminal:
+                console.width = 160  # as the one-host watch: the final view is printed once, unwrapped
+            try:
+                with Live(console=console, auto_refresh=False, transient=False) as live:
+                    for last in views:
+                        live.update(render(last), refresh=True)
+                        if cluster_watch.settled(last, expected, exit_on_failure):
+                            break
+            finally:
+                console.width = saved
     except KeyboardInterrupt:
         raise Exit(0) from None
     finally:
