@@ -58,10 +58,10 @@ def test_help_imports_typers_rich_help_and_nothing_a_verb_needs() -> None:
     assert loaded(mods, ("rich.live", "rich.progress", "rich.prompt")) == []
 
 
-def test_a_verbs_own_help_and_a_usage_error_stay_off_pydantic() -> None:
+def test_a_verbs_help_stays_off_pydantic_and_a_bad_value_gets_typers_own_coercion() -> None:
     rc, out, mods = fresh("status", "--help")
     assert rc == 0 and "--interval" in out and loaded(mods, NEVER) == []
-    rc, _, mods = fresh("logs", "--lines", "many")  # a bad value: typer's own pydantic message, exit 2
+    rc, _, mods = fresh("logs", "--lines", "many")  # a bad value: typer's own (pydantic) message, exit 2
     assert rc == 2 and "pydantic" in mods
 
 

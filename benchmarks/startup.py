@@ -1,0 +1,193 @@
+"""How fast `dflashctl` starts (issue 16): each command a new process, against baselines measured in the same run.
+
+    .venv/bin/python benchmarks/startup.py [--calls 15] [--before REV] [--out benchmarks/results/startup.md]
+
+Rows: `dflashctl version`, `--help`, `status --json` on a local run, `status --json` over ssh (loopback sshd + pct
+stand-in, benchmarks/loopback.py) with no connection master (`persist = 0`) and with a warm one (one untimed call
+first). Baselines: `python -c pass` (the interpreter's floor), `ssh -o ControlMaster=no host true` (ssh's floor) and
+the seed's raw one-liner; and `version` / `--help` of the tree before issue 16 (--before REV, default the last
+commit before it, exported with `git archive` and run as `python -P -m dflashctl` beside this tree run the same way).
+Calls alternate between the rows of a group, so load drifts hit all of them alike; the
+table gives median and best of N and the ratios of medians. Goals: version ≤ 0.12 s; one-shot status over ssh ≤ 1.0×
+the raw one-liner without the master, ≤ 0.5× with it. Needs root and sshd, as the real-sshd tests do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from loopback import (
+    DFLASHCTL,
+    ROOT,
+    frozen_run,
+    loopback_pve,
+    raw_oneliner,
+    summary,
+    timed,
+    wait_for,
+    why_sshd_cannot_run,
+)
+from status.runprog import start_local
+
+Check = Callable[[bytes], bool]
+BEFORE = "9d0c31e"  # the tree before issue 16's start-up work (ece89f0, the next, took its first lazy imports)
+
+
+def hosts_with_persist(base: Path, seconds: float) -> Path | None:
+    """A copy of the harness hosts.toml with `persist` on the ssh host; None when this dflashctl has no master."""
+    from dflashctl.config import load_inventory
+    from dflashctl.errors import ConfigError
+
+    path = base.with_name(f"hosts-persist-{seconds:g}.toml")
+    path.write_text(base.read_text().replace("[hosts.pve]\n", f"[hosts.pve]\npersist = {seconds:g}\n", 1))
+    try:
+        load_inventory(path)
+    except ConfigError:
+        return None
+    return path
+
+
+def exported(rev: str) -> Path:
+    """REV's dflashctl package in a temporary directory (for PYTHONPATH): the code before, the same interpreter."""
+    dest = Path(tempfile.mkdtemp(prefix="dflash-before-"))
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "dflashctl"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest
+
+
+def measure(rows: dict[str, tuple[list[str], dict[str, str], Check]], calls: int) -> dict[str, list[float]]:
+    """Each row `calls` times, round-robin, after one untimed call each (it writes the bytecode caches an installed
+    dflashctl has from pip); every call's output checked (a fast wrong answer is no answer)."""
+    seconds: dict[str, list[float]] = {k: [] for k in rows}
+    for argv, env, _ in rows.values():
+        timed(argv, env)
+    for _ in range(calls):
+        for name, (argv, env, ok) in rows.items():
+            dt, out = timed(argv, env)
+            assert ok(out), f"{name}: unexpected output {out[:300]!r}"
+            seconds[name].append(dt)
+    return seconds
+
+
+def is_json_status(out: bytes) -> bool:
+    return bool(json.loads(out).get("verdict"))
+
+
+def table(title: str, seconds: dict[str, list[float]], baseline: str, goals: dict[str, str]) -> list[str]:
+    base = summary(seconds[baseline])[0]
+    lines = ["", f"### {title}", "", f"| command | median | best | median / {baseline} | goal |",
+             "|---|---:|---:|---:|---|"]
+    for name, ts in seconds.items():
+        med, best = summary(ts)
+        goal = goals.get(name, "")
+        lines.append(f"| {name} | {med * 1000:.0f} ms | {best * 1000:.0f} ms | {med / base:.2f} | {goal} |")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=15)
+    ap.add_argument("--before", default=BEFORE, help="the tree to compare version and --help with")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "startup.md"))
+    args = ap.parse_args()
+    reason = why_sshd_cannot_run()
+    if reason:
+        print(f"cannot run: {reason}")
+        return 2
+    import typer
+
+    load = os.getloadavg()
+    out = [f"# dflashctl start-up ({time.strftime('%Y-%m-%d %H:%M:%S %Z')})", "",
+           f"{os.cpu_count()} CPUs, load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min) at the "
+           f"start; Python {sys.version.split()[0]}, typer {typer.__version__}; {args.calls} calls a row, "
+           "alternating within each group, after one untimed call a row (bytecode cached, as installed); each call "
+           "a new process. Compare the ratios, not the milliseconds "
+           "(machine shared, load noisy).", "",
+           "Command: `.venv/bin/python benchmarks/startup.py`"]
+    local_proc = None
+    with loopback_pve("dflash-startup-") as (sshd, pve):
+        try:
+            # bytecode written as a pip install has it (this machine sets PYTHONDONTWRITEBYTECODE: every start would
+            # compile our modules from source, a cost no installed dflashctl pays)
+            env = {k: v for k, v in {**os.environ, **sshd.env}.items() if k != "PYTHONDONTWRITEBYTECODE"}
+            dfl = str(DFLASHCTL)
+            old = exported(args.before)
+            old_env = {**env, "PYTHONPATH": str(old)}
+            mod = [sys.executable, "-P", "-m", "dflashctl"]  # -P: not the cwd's tree first
+            is_version, is_help = (lambda o: o.strip() == b"0.1.0"), (lambda o: b"Usage: dflashctl" in o)
+            seconds = measure({
+                "python -c pass": ([sys.executable, "-c", "pass"], env, lambda o: o == b""),
+                "dflashctl version": ([dfl, "version"], env, is_version),
+                "dflashctl --help": ([dfl, "--help"], env, is_help),
+                "python -m dflashctl version": ([*mod, "version"], env, is_version),
+                f"python -m dflashctl version, before ({args.before})": ([*mod, "version"], old_env, is_version),
+                "python -m dflashctl --help": ([*mod, "--help"], env, is_help),
+                f"python -m dflashctl --help, before ({args.before})": ([*mod, "--help"], old_env, is_help),
+            }, args.calls)
+            shutil.rmtree(old, ignore_errors=True)
+            out += table("CLI start (no host contacted)", seconds, "python -c pass",
+                         {"dflashctl version": "≤ 120 ms" + (" ✓" if summary(seconds["dflashctl version"])[0] <= 0.12
+                                                             else " ✗ (on this load)")})
+
+            run_dir, local_proc = start_local(pve.local_workspace_dir, "20261201-1900-startup", step_s=0.001)
+            wait_for(lambda: (run_dir / "train.log").stat().st_size > 700_000, what="a 700 kB local log")
+            local_proc.send_signal(signal.SIGSTOP)  # frozen: every call reads the same log
+            seconds = measure({
+                "python -c pass": ([sys.executable, "-c", "pass"], env, lambda o: o == b""),
+                "dflashctl status --json --host local": ([dfl, "status", "--json", "--host", "local"], env,
+                                                         is_json_status),
+            }, args.calls)
+            out += table("status --json, local host (a run with a 700 kB log)", seconds, "python -c pass", {})
+
+            ssh_run = frozen_run(pve, "20261201-1901-startup")
+            no_master = raw_oneliner(sshd, pve, ssh_run, "-o", "ControlMaster=no")
+            rows = {
+                "ssh -o ControlMaster=no host true": (sshd.ssh_argv("true")[:1] + ["-o", "ControlMaster=no"]
+                                                      + sshd.ssh_argv("true")[1:], env, lambda o: o == b""),
+                "raw one-liner (ControlMaster=no)": (no_master, env, lambda o: b"===" in o),
+            }
+            off = hosts_with_persist(pve.hosts_file, 0)
+            on = hosts_with_persist(pve.hosts_file, 120)
+            status = [dfl, "status", "--json"]
+            if off is not None:
+                rows["dflashctl status --json, persist = 0"] = (status, {**env, "DFLASHCTL_HOSTS": str(off)},
+                                                                is_json_status)
+            else:
+                rows["dflashctl status --json (no master in this tree)"] = (status, env, is_json_status)
+            master_note = "n/a (no master)"
+            if on is not None:
+                warm_env = {**env, "DFLASHCTL_HOSTS": str(on)}
+                timed(status, warm_env)  # untimed: starts the master
+                rows["dflashctl status --json, warm master"] = (status, warm_env, is_json_status)
+            seconds = measure(rows, args.calls)
+            goals = {"dflashctl status --json, persist = 0": "≤ 1.0× raw", "dflashctl status --json, warm master":
+                     "≤ 0.5× raw"}
+            out += table("status --json over ssh (loopback sshd + pct stand-in, 700 kB log)", seconds,
+                         "raw one-liner (ControlMaster=no)", goals)
+            if on is None:
+                out.append(f"| dflashctl status --json, warm master | {master_note} | | | ≤ 0.5× raw |")
+            else:
+                subprocess.run([dfl, "hosts", "disconnect"], env=warm_env, capture_output=True, timeout=60, check=False)
+        finally:
+            if local_proc is not None:
+                local_proc.kill()
+                local_proc.wait()
+    text = "\n".join(out) + "\n"
+    print(text)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
