@@ -132,16 +132,28 @@ def launch(inv: Inventory, cluster: Cluster, opts: LaunchOptions, connect: Calla
             started.append(res)
             run_id = res.run_id
         assert run_id is not None
-        if opts.confirm:
-            for i, t in enumerate(targets):
-                try:
-                    launch_cmd.confirm(t, run_id, opts.confirm_s)
-                except DflashError as e:
-                    raise _undo(targets, started, f"node {i} ({t.host.name}) died at start: {e.message}", e) from None
+        if opts.confirm:  # every node at once: each is alive with its log, or the run is stopped everywhere
+            for i, e in enumerate(fan_out(targets, lambda t: _confirm(t, run_id, opts.confirm_s), _late,
+                                          deadline_s=PREFLIGHT_DEADLINE_S)):
+                if e is not None:
+                    raise _undo(targets, started, f"node {i} ({targets[i].host.name}) died at start: {e.message}",
+                                e) from None
         return ClusterLaunch(cluster, run_id, rendezvous, started, notes)
     finally:
         for t in targets:
             t.close()
+
+
+def _confirm(t: Target, run_id: str, within_s: float | None) -> DflashError | None:
+    try:
+        launch_cmd.confirm(t, run_id, within_s)
+        return None
+    except DflashError as e:
+        return e
+
+
+def _late(t: Target, seconds: float) -> DflashError:
+    return DflashError(f"host {t.host.name}: no answer within {seconds:g} s", exit_code=ExitCode.NOT_FOUND)
 
 
 def _reachable(cluster: Cluster, targets: list[Target]) -> None:
@@ -154,10 +166,7 @@ def _reachable(cluster: Cluster, targets: list[Target]) -> None:
         except DflashError as e:
             return e
 
-    def late(t: Target, seconds: float) -> DflashError:
-        return DflashError(f"host {t.host.name}: no answer within {seconds:g} s", exit_code=ExitCode.NOT_FOUND)
-
-    for e in fan_out(targets, one, late, deadline_s=PREFLIGHT_DEADLINE_S):
+    for e in fan_out(targets, one, _late, deadline_s=PREFLIGHT_DEADLINE_S):
         if e is not None:
             raise DflashError(f"cluster {cluster.name}: {e.message} (nothing launched on any host)",
                               hint=e.hint, exit_code=e.exit_code)
