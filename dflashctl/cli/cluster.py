@@ -91,10 +91,10 @@ def watch_across(inv: Inventory, first: Host, run: str | None, interval: float, 
         v = status_once(target, run, log_max=0)
     assert v.run is not None
     cluster = (v.run.meta or {}).get("cluster")
-    if not isinstance(cluster, dict):
+    if not members(v.run.meta):
         raise ConfigError(f"run {v.run.id} on {first.name} is not a run across hosts",
                           hint=f"watch it alone: dflashctl status --watch {v.run.id} --host {first.name}")
-    expected = len(cluster.get("members") or [])
+    expected = len(members(v.run.meta) or [])
     views = cluster_watch.watch_across(inv, first, cluster, v.run.id, connect, interval=interval)
     last = None
     try:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from dflashctl.cli.app import app
-from dflashctl.cli.cluster import ClusterOpt, entry_host, status_across, watch_across
+from dflashctl.cli.cluster import ClusterOpt, entry_host, members, status_across, watch_across
 from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, console, err, escape, print_json, rich_console
 from dflashctl.errors import ConfigError
 
@@ -88,7 +88,7 @@ def status(
     if not watch:
         with connect(h) as target:
             v = status_cmd.status_once(target, run)
-        if v.run is not None and (v.run.meta or {}).get("cluster"):
+        if v.run is not None and members(v.run.meta):
             status_across(inv, v, json_)
         if json_:
             print_json(v.to_record())

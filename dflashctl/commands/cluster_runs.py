@@ -34,7 +34,10 @@ def members(meta: dict[str, Any] | None) -> list[tuple[str, int]] | None:
     c = (meta or {}).get("cluster")
     if not isinstance(c, dict) or not isinstance(c.get("members"), list):
         return None
-    return [(str(m["host"]), int(m["node_rank"])) for m in c["members"] if isinstance(m, dict)]
+    try:
+        return [(str(m["host"]), int(m["node_rank"])) for m in c["members"]] or None
+    except (KeyError, TypeError, ValueError):  # a meta.json edited by hand: read as a one-host run
+        return None
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any
 
 from dflashctl.commands import status as status_cmd
 from dflashctl.commands.cluster_runs import ClusterStatus, NodeRow, judge
+from dflashctl.commands.cluster_runs import members as of_meta
 from dflashctl.config import Inventory
 from dflashctl.errors import DflashError, ExitCode
 from dflashctl.model import Host
@@ -25,7 +26,7 @@ RETRY_S = 3.0  # a node that could not be watched at all is tried again this oft
 def watch_across(inv: Inventory, first: Host, cluster: dict[str, Any], run_id: str,
                  connect: Callable[[Host], Target], *, interval: float = 1.0) -> Iterator[ClusterStatus]:
     """A ClusterStatus each time any node reports (the caller stops by closing the iterator)."""
-    members = [(str(m["host"]), int(m["node_rank"])) for m in cluster.get("members") or []]
+    members = of_meta({"cluster": cluster}) or []
     reports: queue.SimpleQueue[NodeRow] = queue.SimpleQueue()
     stop = threading.Event()
 
