@@ -49,6 +49,19 @@ def test_version_imports_no_rich_no_pydantic_no_transport_and_no_analysis() -> N
     assert "typer" in mods  # still typer's app that answered
 
 
+
+def test_the_console_scripts_version_answers_before_typer_is_imported() -> None:
+    """The installed `dflashctl` (pyproject's entry point, dflashctl/entry.py) prints the version with nothing but
+    the package itself; any other command line still goes to the typer app."""
+    code = ("import json, sys\nsys.argv = ['dflashctl', *sys.argv[1:]]\nfrom dflashctl.entry import main\n"
+            "rc = main()\nsys.stderr.write('\\nMODULES ' + json.dumps(sorted(sys.modules)) + '\\n')\n")
+    for argv, typer_loaded in ((["version"], False), (["version", "--help"], True)):
+        p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+        mods = set(json.loads(next(ln for ln in p.stderr.splitlines() if ln.startswith("MODULES "))[8:]))
+        assert ("typer" in mods) is typer_loaded, argv
+        if not typer_loaded:
+            assert p.stdout == "0.1.0\n" and loaded(mods, ("dflashctl",)) == ["dflashctl", "dflashctl.entry"]
+
 def test_help_imports_typers_rich_help_and_nothing_a_verb_needs() -> None:
     rc, out, mods = fresh("--help")
     assert rc == 0 and "Usage: dflashctl" in out and "status" in out and "--install-completion" in out
