@@ -43,6 +43,8 @@ def pick(hosts: Path | None, host: str | None, cluster: str | None, **overrides:
 
 def entry_host(inv: Inventory, host: str | None, cluster: str | None) -> str | None:
     """The host a command about a run across hosts asks first (the cluster's first; its run names the others)."""
+    if cluster is None and (host is None or "," not in host):
+        return host  # an ordinary one-host command: the launch machinery stays unimported (start-up cost)
     from dflashctl.commands.cluster import resolve
 
     found = resolve(inv, host, cluster)
@@ -174,7 +176,7 @@ def stop_across(inv: Inventory, first_host: str, run_id: str, members: list[tupl
 
 def members(meta: dict | None) -> list[tuple[str, int]] | None:
     """[(host, node_rank)] of a run across hosts, from its meta.json (None: a one-host run)."""
-    from dflashctl.commands.cluster_runs import members as of_meta
+    from dflashctl.commands.cluster_meta import members as of_meta
 
     return of_meta(meta)
 

@@ -15,6 +15,7 @@ from typing import Any
 from dflashctl.commands import logs as logs_cmd
 from dflashctl.commands import stop as stop_cmd
 from dflashctl.commands import zombies as zombies_cmd
+from dflashctl.commands.cluster_meta import members
 from dflashctl.commands.fanout import fan_out
 from dflashctl.commands.status import StatusView, status_once
 from dflashctl.config import Inventory
@@ -27,17 +28,6 @@ NODE_DEADLINE_S = 60.0
 SEVERITY = (Verdict.FINISHED, Verdict.TRAINING, Verdict.STARTING, Verdict.STOPPED, Verdict.DEGRADED,
             Verdict.STALLED, Verdict.LOST, Verdict.CRASHED)
 _RANK_FAILED = re.compile(r"\brank (\d+) ")
-
-
-def members(meta: dict[str, Any] | None) -> list[tuple[str, int]] | None:
-    """[(host, node_rank)] of a run across hosts (None: a one-host run)."""
-    c = (meta or {}).get("cluster")
-    if not isinstance(c, dict) or not isinstance(c.get("members"), list):
-        return None
-    try:
-        return [(str(m["host"]), int(m["node_rank"])) for m in c["members"]] or None
-    except (KeyError, TypeError, ValueError):  # a meta.json edited by hand: read as a one-host run
-        return None
 
 
 @dataclass

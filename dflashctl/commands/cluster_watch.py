@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from dflashctl.commands import status as status_cmd
+from dflashctl.commands.cluster_meta import members as of_meta
 from dflashctl.commands.cluster_runs import ClusterStatus, NodeRow, judge
-from dflashctl.commands.cluster_runs import members as of_meta
 from dflashctl.config import Inventory
 from dflashctl.errors import DflashError, ExitCode
 from dflashctl.model import Host
