@@ -3,6 +3,7 @@ tests/harness/README.md; `sshd_server`, `pve` and `local_host` are the public fi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -61,35 +62,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.sshd)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def ssh_masters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Every ssh connection master of this test session lives in a directory of its own (under a short path: a
-    UNIX socket's name has ~107 bytes), and ends with the session: none outlives the test run."""
+@contextlib.contextmanager
+def _masters_dir(mp: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A state dir of its own for the ssh connection masters started inside (under a short path: a UNIX socket's
+    name has ~107 bytes); every one of them is ended on the way out."""
     import tempfile
 
     from dflashctl.remote.masterclient import end_master, list_masters
 
     state = Path(tempfile.mkdtemp(prefix="dfm-", dir="/tmp"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DFLASHCTL_STATE_DIR", str(state))
-        try:
-            yield state / "masters"
-        finally:
-            for m in list_masters(state / "masters"):
-                end_master(m)
-            _end_strays(state)
-            shutil.rmtree(state, ignore_errors=True)
-
-
-@pytest.fixture
-def fresh_masters(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A state dir of this test's own: the ssh masters it starts are its alone, and end with it."""
-    import tempfile
-
-    from dflashctl.remote.masterclient import end_master, list_masters
-
-    state = Path(tempfile.mkdtemp(prefix="dfm-", dir="/tmp"))
-    monkeypatch.setenv("DFLASHCTL_STATE_DIR", str(state))
+    mp.setenv("DFLASHCTL_STATE_DIR", str(state))
     try:
         yield state / "masters"
     finally:
@@ -99,9 +81,22 @@ def fresh_masters(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         shutil.rmtree(state, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ssh_masters() -> Iterator[Path]:
+    """Every master of this test session lives in one directory and ends with the session: none outlives the run."""
+    with pytest.MonkeyPatch.context() as mp, _masters_dir(mp) as masters:
+        yield masters
+
+
+@pytest.fixture
+def fresh_masters(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A state dir of this test's own: the ssh masters it starts are its alone, and end with it."""
+    with _masters_dir(monkeypatch) as masters:
+        yield masters
+
+
 def _end_strays(state: Path) -> None:
     """Masters of this session that left no info file (killed mid-start): found by their socket path, by pid."""
-    import contextlib
     import signal
 
     for proc in Path("/proc").glob("[0-9]*"):

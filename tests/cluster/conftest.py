@@ -4,41 +4,14 @@ namespace, so a torchrun rendezvous on 127.0.0.1 (the first host's address) join
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from harness.envs import PveEnv, toml_str
 from harness.sshd import SshdServer, free_port
-
-from dflashctl.cli import main
-
-
-@dataclass
-class CliResult:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> dict:
-        return json.loads(self.out.strip().splitlines()[-1])
-
-
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
-    """`cli("launch", "--cluster", "duo")` -> CliResult: the real CLI boundary, in-process."""
-    monkeypatch.delenv("DFLASH_RUN_ID", raising=False)
-    monkeypatch.delenv("DFLASH_FAULT", raising=False)
-
-    def run(*argv: str) -> CliResult:
-        capsys.readouterr()
-        code = main(list(argv))
-        got = capsys.readouterr()
-        return CliResult(code, got.out, got.err)
-
-    return run
+from lifecycle.conftest import CliResult, cli  # noqa: F401 - the in-process CLI fixture, shared
 
 
 @pytest.fixture(scope="module")

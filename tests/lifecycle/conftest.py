@@ -39,6 +39,7 @@ class CliResult:
 def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
     """`cli("launch", "--name", "x")` -> CliResult: the real CLI boundary, in-process."""
     monkeypatch.delenv("DFLASH_RUN_ID", raising=False)  # decoys must not inherit a marker by accident
+    monkeypatch.delenv("DFLASH_FAULT", raising=False)  # nor a run a fault meant for another
 
     def run(*argv: str) -> CliResult:
         capsys.readouterr()
