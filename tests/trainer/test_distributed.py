@@ -5,53 +5,29 @@ batch, resume after SIGTERM is exact, and a drafter crash on rank 1 ends both ra
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from trainer_harness import FAST, REPO, TINY, Run
+from harness.sshd import free_port
+from trainer_harness import FAST, Run
 
 TWO = ["--set", 'devices.drafters=["cpu","cpu"]']
 FOUR = ["--set", 'devices.drafters=["cpu","cpu","cpu","cpu"]']
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def launch(tmp_path):
-    procs: list[subprocess.Popen] = []
-
+def launch(start_trainer, tmp_path):  # noqa: ANN001 - conftest's fixture
     def start(name: str, *args: str, nproc: int = 2, env: dict[str, str] | None = None,
               run_dir: Path | None = None) -> Run:
         """`torchrun ... -m trainer` (nproc = 0: plain `python -m trainer`, no launcher variables)."""
-        run_dir = run_dir or tmp_path / name
-        run_dir.mkdir(parents=True, exist_ok=True)
-        log = tmp_path / f"{name}.log"
-        full_env = {k: v for k, v in os.environ.items()
-                    if k not in ("DFLASH_FAULT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-        full_env.update(env or {})
-        launcher = ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-                     "--master-addr", "127.0.0.1", "--master-port", str(free_port())] if nproc else [sys.executable])
-        with open(log, "ab") as fh:
-            proc = subprocess.Popen([*launcher, "-m", "trainer", "--config", TINY, "--run-dir", str(run_dir), *FAST,
-                                     *args], cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=full_env)
-        procs.append(proc)
-        return Run(run_dir, proc, log)
+        launcher = (["-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc), "--master-addr",
+                     "127.0.0.1", "--master-port", str(free_port())] if nproc else [])
+        return start_trainer(*FAST, *args, run_dir=run_dir or tmp_path / name, env=env, launcher=launcher,
+                             log=tmp_path / f"{name}.log")
 
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    return start
 
 
 def replicas(dump: Path, ranks: int) -> list[dict[str, torch.Tensor]]:
