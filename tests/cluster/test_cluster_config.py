@@ -15,7 +15,7 @@ HOSTS = """
 [hosts.pve1]
 address = "pve1.example.invalid"
 container = 200
-node_address = "10.0.0.11"
+node_address = "pve1-ct.example.invalid"
 
 [hosts.pve2]
 address = "pve2.example.invalid"
@@ -30,14 +30,14 @@ def inv(extra: str = ""):
 def test_a_cluster_table_names_its_hosts_port_and_processes():
     i = inv('[clusters.duo]\nhosts = ["pve1", "pve2"]\nrendezvous_port = 29600\nnproc_per_node = 8\n')
     assert i.clusters == {"duo": Cluster("duo", ("pve1", "pve2"), 29600, 8)}
-    assert i.hosts["pve1"].node_address == "10.0.0.11" and i.hosts["pve2"].node_address is None
+    assert i.hosts["pve1"].node_address == "pve1-ct.example.invalid" and i.hosts["pve2"].node_address is None
     assert resolve(i, None, "duo") == i.clusters["duo"]
     assert resolve(i, None, "duo", rendezvous_port=29700).rendezvous_port == 29700
-    assert rendezvous_address(i.hosts["pve1"]) == "10.0.0.11"  # how the other nodes reach the first one
+    assert rendezvous_address(i.hosts["pve1"]) == "pve1-ct.example.invalid"  # how the other nodes reach the first one
     assert rendezvous_address(i.hosts["pve2"]) == "pve2.example.invalid"  # default: the host's address
-    assert torchrun_args(i.clusters["duo"], 1, "10.0.0.11") == [
+    assert torchrun_args(i.clusters["duo"], 1, "pve1-ct.example.invalid") == [
         "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "8",
-        "--master-addr", "10.0.0.11", "--master-port", "29600"]
+        "--master-addr", "pve1-ct.example.invalid", "--master-port", "29600"]
 
 
 def test_a_host_list_is_a_cluster_with_the_defaults():
