@@ -120,7 +120,7 @@ class PveEnv(_HostEnv):
         self.host = Host(
             name="pve", transport="ssh", address=self.sshd.address, port=self.sshd.port, user="root",
             identity_file=str(self.sshd.client_key), container=self.ctid, workspace="/workspace/dflash",
-            python="python3",
+            python="python3", persist_s=0.0,
         )
         self.hosts_file = self.tmp / "hosts.toml"
         self.hosts_file.write_text(
@@ -133,7 +133,8 @@ class PveEnv(_HostEnv):
             f"identity_file = {toml_str(str(self.sshd.client_key))}\n"
             f"container = {self.ctid}\n"
             'workspace = "/workspace/dflash"\n'
-            'python = "python3"\n\n'
+            'python = "python3"\n'
+            "persist = 0\n\n"  # connections in-process; tests/remote/test_master.py and the transport tests run masters
             "[hosts.local]\n"
             'transport = "local"\n'
             f"workspace = {toml_str(str(self.local_workspace_dir))}\n"

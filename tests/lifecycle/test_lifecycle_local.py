@@ -284,7 +284,8 @@ def test_ctrl_c_on_follow_detaches_and_leaves_the_run_running(local_host, cli):
 
 
 def test_stop_reports_the_gpu_memory_it_released(local_host, cli):
-    launched = cli("launch", "--source", str(FAKE_TRAINER), "--json")
+    # no sentinel: its GPU readings would take the stand-in's frames meant for the stop's before and after
+    launched = cli("launch", "--source", str(FAKE_TRAINER), "--no-sentinel", "--json")
     assert launched.code == 0
     local_host.set_gpu_frames([[{"memory.used": 88283}, {"memory.used": 40000}],   # before the stop
                                [{"memory.used": 3}, {"memory.used": 40000}]])      # after

@@ -296,9 +296,10 @@ def test_hosts_disconnect_ends_the_hosts_master_and_says_so(pve: PveEnv, fresh_m
         return subprocess.run([sys.executable, "-m", "dflashctl", *args], capture_output=True, text=True,
                               cwd=REPO, timeout=120, env={**os.environ, "COLUMNS": "200"})
 
-    with pve.connect() as target:
+    mine = replace(pve.host, persist_s=300.0)  # the harness's own entry keeps connections in-process (persist = 0)
+    with connect(mine) as target:
         assert target.run(["true"]).ok
-    pid = master_pid(pve.host)
+    pid = master_pid(mine)
     other = replace(pve.host, name="other", persist_s=300.0, port=pve.sshd.port, user="root", accept_new_host_key=True)
     with connect(other) as target:  # a second master (another connection: accept_new differs)
         assert target.run(["true"]).ok
