@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis.realprog import SEQUENTIAL_THREAD_CRASHES, TORCH_FX_RACE, run_program
+from analysis.test_fullscan import report_of
 from dflashctl.analysis import logscan
 from dflashctl.analysis.health import active_hits
-from dflashctl.analysis.logscan import LogReport, LogScanner, Traceback, scan
+from dflashctl.analysis.logscan import LogScanner, Traceback, scan
 from dflashctl.analysis.progress import parse_progress
 
 DATA = Path(__file__).parent / "data"
@@ -290,18 +291,7 @@ def test_fast_path_reports_what_the_line_by_line_reference_reports(lines, cuts, 
 def _compare_fast_and_reference(lines, cuts) -> None:  # noqa: ANN001
     data = b"".join((LINE_KINDS[k] % n if b"%d" in LINE_KINDS[k] else LINE_KINDS[k]) + b"\n" for k, n in lines)
 
-    def run(fast: bool) -> LogReport:
-        s = LogScanner()
-        s.fast = fast
-        pos, i = 0, 0
-        while pos < len(data):
-            n = cuts[i % len(cuts)]
-            s.feed(data[pos:pos + n])
-            pos, i = pos + n, i + 1
-        s.flush()
-        return s.report()
-
-    fast, ref = run(True), run(False)
+    fast, ref = report_of(data, cuts, fast=True), report_of(data, cuts, fast=False)
     assert [(t.thread, t.first_line, t.text, t.exc_type) for t in fast.tracebacks] == [
         (t.thread, t.first_line, t.text, t.exc_type) for t in ref.tracebacks]
     assert [(p.line, repr(p.values)) for p in fast.progress] == [(p.line, repr(p.values)) for p in ref.progress]
