@@ -1,6 +1,7 @@
 """The console script's first step: `dflashctl version` answers before typer (and everything it pulls in) is
 imported, since scripts call it in loops and a version check should cost what `python -c pass` does (issue 16);
-every other command line goes to the typer app (cli/__init__.py main)."""
+`--help` is printed from the help cache when typer printed the same before (helpcache.py); every other command
+line goes to the typer app (cli/__init__.py main)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ def main() -> int:
 
         print(__version__)
         return 0
+    from dflashctl import helpcache
+
+    if helpcache.help_request(sys.argv[1:]):
+        return helpcache.answer(sys.argv[1:], _typer_app)
+    return _typer_app()
+
+
+def _typer_app() -> int:
     from dflashctl.cli import main as cli_main
 
     return cli_main()

@@ -8,6 +8,7 @@ no paramiko. The lean coercion that keeps pydantic out (cli/coerce.py) must give
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -55,8 +56,9 @@ def test_the_console_scripts_version_answers_before_typer_is_imported() -> None:
     the package itself; any other command line still goes to the typer app."""
     code = ("import json, sys\nsys.argv = ['dflashctl', *sys.argv[1:]]\nfrom dflashctl.entry import main\n"
             "rc = main()\nsys.stderr.write('\\nMODULES ' + json.dumps(sorted(sys.modules)) + '\\n')\n")
-    for argv, typer_loaded in ((["version"], False), (["version", "--help"], True)):
-        p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "DFLASHCTL_NO_HELP_CACHE": "1"}  # `--help` from the cache: tests/cli/test_help_cache.py
+    for argv, typer_loaded in ((["version"], False), (["version", "--help"], True), (["logs", "--errors"], True)):
+        p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120, env=env)
         mods = set(json.loads(next(ln for ln in p.stderr.splitlines() if ln.startswith("MODULES "))[8:]))
         assert ("typer" in mods) is typer_loaded, argv
         if not typer_loaded:

@@ -1,0 +1,162 @@
+"""`--help` answered from a cache of what typer printed last time for the same command line, code and terminal.
+
+Rendering help needs typer, click and rich (with markdown-it): ~0.25 s of imports before the first byte, five times
+what the interpreter costs to start (issue 16). The text depends only on the command line, our own code, typer's
+and rich's code, and the terminal (width, colour, a handful of environment variables), so it is kept under that key
+and printed byte for byte on the next call; any change to a key part — an edited module, an upgraded typer, a
+narrower window — is a miss, and a miss runs typer as before and stores what it printed (only when it exited 0).
+stdlib only: this runs before anything else is imported. `DFLASHCTL_NO_HELP_CACHE=1` turns it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+HELP_FLAGS = ("--help", "-h")
+_WORD = re.compile(r"[a-z][a-z0-9-]*\Z")
+# Environment that changes how typer/rich render (width, colour, terminal, typer's own switches).
+_ENV_NAMES = ("COLUMNS", "LINES", "TERM", "COLORTERM", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE",
+              "TTY_INTERACTIVE", "JUPYTER_COLUMNS", "JUPYTER_LINES", "JPY_PARENT_PID", "VSCODE_PID")
+_ENV_PREFIXES = ("TYPER_", "_TYPER", "RICH_")
+_LIBRARIES = ("typer", "rich")
+
+
+def help_request(argv: list[str]) -> bool:
+    """True for `[COMMAND...] --help`: plain command words, then a help flag last (nothing else is cached)."""
+    return bool(argv) and argv[-1] in HELP_FLAGS and all(_WORD.match(w) for w in argv[:-1])
+
+
+def cache_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dflashctl" / "help"
+
+
+def code_roots() -> list[Path]:
+    """Our package's folder, then typer's and rich's (the first on sys.path, as import would find them)."""
+    roots = [Path(__file__).resolve().parent]
+    for name in _LIBRARIES:
+        for entry in sys.path:
+            candidate = Path(entry or ".") / name / "__init__.py"
+            if candidate.is_file():
+                roots.append(candidate.parent)
+                break
+    return roots
+
+
+def code_fingerprint(roots: list[Path] | None = None) -> str:
+    """Every .py file under the code roots, by path, size and mtime (one stat each, ~1 ms for all three packages):
+    an edit, an added module or an upgrade changes it."""
+    h = hashlib.sha256(sys.version.encode())
+    for root in code_roots() if roots is None else roots:
+        stack = [str(root)]
+        while stack:
+            with os.scandir(stack.pop()) as it:
+                for e in sorted(it, key=lambda e: e.name):
+                    if e.is_dir(follow_symlinks=False):
+                        if e.name != "__pycache__":
+                            stack.append(e.path)
+                    elif e.name.endswith(".py"):
+                        st = e.stat()
+                        h.update(f"{e.path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:24]
+
+
+def render_key(argv: list[str], stdout: IO[Any], env: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """What the rendering depends on besides the code: the command line, the terminal's width and tty-ness, and
+    the environment rich and typer read."""
+    try:
+        tty = stdout.isatty()
+    except (AttributeError, ValueError, OSError):
+        tty = False
+    try:
+        width = os.get_terminal_size(stdout.fileno()).columns if tty else 0
+    except (AttributeError, ValueError, OSError):
+        width = 0
+    names = sorted(k for k in env if k in _ENV_NAMES or k.startswith(_ENV_PREFIXES))
+    enc = getattr(stdout, "encoding", None)
+    parts = ["\0".join(argv), f"tty={tty}", f"width={width}", f"encoding={enc}", *(f"{k}={env[k]}" for k in names)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+class _Tee:
+    """sys.stdout that also records what is written, as the bytes that reach the terminal (text encoded as the real
+    stream encodes it; its `.buffer` recorded too, since click writes bytes there); everything else (isatty, fileno,
+    encoding) is the real one's, so rich renders exactly as it would."""
+
+    def __init__(self, real: IO[str]) -> None:
+        self._real = real
+        self.taken: list[bytes] = []
+        self.buffer = _BufferTee(real.buffer, self.taken) if hasattr(real, "buffer") else None
+
+    def write(self, s: str) -> int:
+        if isinstance(s, bytes | bytearray):
+            self.taken.append(bytes(s))
+        else:
+            self.taken.append(s.encode(self._real.encoding or "utf-8", errors=self._real.errors or "strict"))
+        return self._real.write(s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+class _BufferTee:
+    def __init__(self, real: Any, taken: list[bytes]) -> None:
+        self._real = real
+        self._taken = taken
+
+    def write(self, b: bytes) -> int:
+        self._taken.append(bytes(b))
+        return self._real.write(b)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def answer(argv: list[str], run: Callable[[], int]) -> int:
+    """Print the cached help for argv, or run `run` (the typer app), store what it printed and return its code."""
+    if os.environ.get("DFLASHCTL_NO_HELP_CACHE") == "1":
+        return run()
+    try:
+        folder = cache_dir()
+        fingerprint = code_fingerprint()
+        path = folder / f"{fingerprint}-{render_key(argv, sys.stdout)}.txt"
+    except OSError:
+        return run()
+    try:
+        text = path.read_bytes()
+    except OSError:
+        text = None
+    if text is not None:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(text)
+        sys.stdout.flush()
+        return 0
+    tee = _Tee(sys.stdout)
+    sys.stdout = tee  # type: ignore[assignment]
+    try:
+        rc = run()
+    finally:
+        sys.stdout = tee._real
+    if rc == 0 and tee.taken:
+        _store(folder, path, b"".join(tee.taken), fingerprint)
+    return rc
+
+
+def _store(folder: Path, path: Path, text: bytes, fingerprint: str) -> None:
+    """Atomically, in a 0700 directory; entries of other code versions are removed (the cache stays small)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = folder / f".{path.name}.{os.getpid()}.tmp"
+        tmp.write_bytes(text)
+        os.replace(tmp, path)
+        for old in folder.iterdir():
+            if old.suffix == ".txt" and not old.name.startswith(fingerprint):
+                old.unlink(missing_ok=True)
+    except OSError:
+        pass  # a read-only or full home: the help was printed; it is just not cached
