@@ -14,6 +14,31 @@ from torch import Tensor
 
 from trainer.streams import mark, receive
 
+Fill = Callable[[int, int], None]
+"""Writes elements [a, b) of the in-process mean into the result buffer."""
+Cross = Callable[[Tensor, Fill], Tensor]
+"""The cross-process mean (trainer/distributed.py Dist.all_reduce_mean): fills and reduces the buffer bucket by
+bucket, returns the global mean."""
+
+
+def mean_of(parts: list[Tensor], cross: Cross | None = None) -> Tensor:
+    """The mean of `parts`, summed in list order and divided once, element range by element range (the ops are
+    elementwise, so any split gives the same bits as one pass). With `cross`, each range goes to the other
+    processes as soon as it is summed, overlapping the sum of the next range with its collective."""
+    out = torch.empty_like(parts[0])
+
+    def fill(a: int, b: int) -> None:
+        piece = out[a:b]
+        piece.copy_(parts[0][a:b])
+        for p in parts[1:]:
+            piece.add_(p[a:b].to(piece.device))
+        piece.div_(len(parts))
+
+    if cross is None:
+        fill(0, out.numel())
+        return out
+    return cross(out, fill)
+
 
 class Aborted(Exception):
     """Raised inside a worker when the run is being aborted because another thread failed (not a crash)."""
@@ -27,9 +52,9 @@ class AllReduce:
     leaves (finished or crashed) is dropped from the group so the others never wait for it. On CUDA each slot
     and the result carry the event of the stream that wrote them (trainer/streams.py)."""
 
-    def __init__(self, ranks: list[int], cross: Callable[[Tensor], Tensor] | None = None) -> None:
-        """`cross`: several processes (trainer/distributed.py): the in-process mean goes through it (one collective
-        per step, by the thread that completes the step) and every thread gets its global result."""
+    def __init__(self, ranks: list[int], cross: Cross | None = None) -> None:
+        """`cross`: several processes (trainer/distributed.py): the in-process mean goes through it (bucketed
+        collectives, by the thread that completes the step) and every thread gets its global result."""
         self.cross = cross
         self.cond = threading.Condition()
         self.active = set(ranks)
@@ -47,12 +72,7 @@ class AllReduce:
         first = self.slots[ranks[0]][0]
         for r in ranks:
             receive(*self.slots[r], first.device)
-        total = first.clone()
-        for r in ranks[1:]:
-            total += self.slots[r][0].to(total.device)
-        self.result = total / len(ranks)
-        if self.cross is not None:
-            self.result = self.cross(self.result)
+        self.result = mean_of([self.slots[r][0] for r in ranks], self.cross)
         self.result_ready = mark(self.result)
         self.group = tuple(ranks)
         self.slots.clear()

@@ -171,6 +171,8 @@ class RuntimeConfig:
     dist_timeout_s: float = 60.0
     """Several processes: a collective waiting longer than this for a hung peer fails the run (torch's default is
     30 minutes; a peer that dies is noticed sooner). Must exceed rank 0's pauses between steps (evaluation)."""
+    dist_bucket_mb: float = 25.0
+    """Several processes: the gradient all-reduce's bucket size in MiB (DDP's default); 0 = one bucket."""
 
 
 @dataclass
@@ -354,9 +356,9 @@ def validate(cfg: Config, name: str) -> None:
     need(len(tr.betas) == 2 and all(isinstance(b, int | float) and 0 <= b < 1 for b in tr.betas), "train.betas",
          "must be [beta1, beta2], each in [0, 1)")
     need(tr.loss_chunk >= 0, "train.loss_chunk", "must be >= 0 (0 = unchunked)")
-    need(t.micro_batches >= 1, "target.micro_batches", "must be >= 1")
-    need(tr.batch_size >= 1, "train.batch_size", "must be >= 1")
-    need(tr.num_anchors >= 1, "train.num_anchors", "must be >= 1")
+    for key in ("target.micro_batches", "train.batch_size", "train.num_anchors", "train.log_interval",
+                "train.keep_checkpoints", "train.queue_depth"):
+        need(getattr(getattr(cfg, key.partition(".")[0]), key.partition(".")[2]) >= 1, key, "must be >= 1")
     room = tr.seq_len - da.prompt_len - 1  # Markov anchors: any response position with a next token
     need(da.kind != "markov" or room >= tr.num_anchors, "train.seq_len",
          f"response part too short: seq_len - prompt_len - 1 = {room} < num_anchors {tr.num_anchors}")
@@ -365,10 +367,7 @@ def validate(cfg: Config, name: str) -> None:
     need(0 < da.top_prob <= 1, "data.top_prob", "must be in (0, 1]")
     need(tr.lr > 0 and 0 <= tr.min_lr <= tr.lr, "train.min_lr", "need 0 <= min_lr <= lr and lr > 0")
     need(tr.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
-    need(tr.log_interval >= 1, "train.log_interval", "must be >= 1")
     need(tr.checkpoint_interval >= 0, "train.checkpoint_interval", "must be >= 0 (0 = only at exit)")
-    need(tr.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
-    need(tr.queue_depth >= 1, "train.queue_depth", "must be >= 1")
     need(len(dv.drafters) >= 1, "devices.drafters", "need at least one drafter device")
     need(len(dv.target) >= 1, "devices.target", "need at least one target device")
     for key, devs in (("devices.target", dv.target), ("devices.drafters", dv.drafters)):
@@ -378,6 +377,7 @@ def validate(cfg: Config, name: str) -> None:
     need(rt.heartbeat_interval_s > 0, "runtime.heartbeat_interval_s", "must be > 0")
     need(rt.dist_backend in DIST_BACKENDS, "runtime.dist_backend", f"one of {DIST_BACKENDS}")
     need(rt.dist_timeout_s > 0, "runtime.dist_timeout_s", "must be > 0")
+    need(rt.dist_bucket_mb >= 0, "runtime.dist_bucket_mb", "must be >= 0 (0 = one bucket)")
     need(rt.recompile_limit >= 1, "runtime.recompile_limit", "must be >= 1")
 
 

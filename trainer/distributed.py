@@ -1,6 +1,7 @@
 """Several trainer processes (torchrun or any launcher that sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT):
-one process group, one cross-process all-reduce of the in-process mean per step, and a failure flag in the
-group's store so a crash on any rank ends every rank within seconds, naming the rank and the thread.
+one process group, a cross-process all-reduce of the in-process mean per step (bucketed, each bucket launched as
+soon as its part of the in-process mean is summed), and a failure flag in the group's store so a crash on any rank
+ends every rank within seconds, naming the rank and the thread.
 
 Without those variables (or WORLD_SIZE=1) `Dist` is the single process and nothing here touches torch.distributed:
 the trainer behaves exactly as before.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -20,6 +22,14 @@ ACK_KEY = "dflash/abort-acks"
 """Ranks that have logged the failure and are exiting; the failing rank waits for them (bounded)."""
 ACK_WAIT_S = 3.0
 POLL_INTERVAL_S = 0.5
+MIB = 1 << 20
+
+
+def bucket_spans(numel: int, element_size: int, bucket_bytes: int) -> list[tuple[int, int]]:
+    """[start, end) element ranges of a flat tensor, each at most `bucket_bytes` (at least one element); a bucket
+    may split a parameter (the tensor is flat). `bucket_bytes <= 0`, or a tensor no larger: one range."""
+    per = max(1, bucket_bytes // element_size) if bucket_bytes > 0 else numel
+    return [(a, min(a + per, numel)) for a in range(0, numel, max(per, 1))] or [(0, 0)]
 
 
 class DistError(Exception):
@@ -41,13 +51,25 @@ class Dist:
     def active(self) -> bool:
         return self.world_size > 1
 
-    def all_reduce_mean(self, tensor: Any) -> Any:
-        """The mean over the ranks of each rank's `tensor` (a flat in-process mean), identical on every rank:
-        one SUM all-reduce (each element is reduced once and copied to all ranks, gloo and NCCL alike)."""
+    def all_reduce_mean(self, out: Any, fill: Callable[[int, int], None] | None = None, bucket_mb: float = 25.0) -> Any:
+        """The mean over the ranks of each rank's flat `out` (its in-process mean), identical on every rank: one SUM
+        all-reduce per bucket of `bucket_mb` MiB (0 = one; each element is reduced once and copied to all ranks,
+        gloo and NCCL alike), then one division. `out` is reduced in place.
+
+        `fill(a, b)`, when given, writes out[a:b] first: bucket k goes on the wire (async) as soon as it is filled,
+        while the caller sums bucket k+1. On CUDA the collective waits for the current stream (the fill) and
+        `wait()` makes the current stream wait for it, so the host never blocks on the device. A hung or dead peer
+        fails the first wait after the group's timeout; the buckets still in flight are abandoned (the run
+        aborts and the process exits without waiting for them)."""
         import torch.distributed as dist
 
-        out = tensor.contiguous().clone()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        works = []
+        for a, b in bucket_spans(out.numel(), out.element_size(), int(bucket_mb * MIB)):
+            if fill is not None:
+                fill(a, b)
+            works.append(dist.all_reduce(out[a:b], op=dist.ReduceOp.SUM, async_op=True))
+        for work in works:
+            work.wait()
         return out / self.world_size
 
     def broadcast(self, obj: Any, device: str = "cpu") -> Any:

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -112,7 +113,8 @@ class Trainer:
                       if rt.cuda_graphs and rt.compile_strategy != "off" and d.startswith("cuda")
                       and compile_mode(rt, d, n) is None]
         self.queues: list[queue.Queue[Work | None]] = [queue.Queue(maxsize=tr.queue_depth) for _ in self.devices]
-        self.allreduce = AllReduce(list(range(self.n)), self.dist.all_reduce_mean if self.dist.active else None)
+        cross = partial(self.dist.all_reduce_mean, bucket_mb=rt.dist_bucket_mb) if self.dist.active else None
+        self.allreduce = AllReduce(list(range(self.n)), cross)  # bucketed, overlapped with the in-process sum
         self.counter = CompileCounter()
         self.progress = Progress()
         self.heartbeat = Heartbeat(self.rank_dir, list(cfg.devices.target) + self.devices, rt.compile_strategy)
