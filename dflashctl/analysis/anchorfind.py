@@ -119,6 +119,9 @@ class AnchorFinder:
         counts, n = sample_counts(buf, end)
         return cls(buf, end, choose_sources(anchors, counts, n), extra)
 
+    def close(self) -> None:
+        """Nothing to stop (the finders share one interface: GrepFinder's stops its grep)."""
+
     def at(self, pos: int) -> int:
         buf, end, found, upto = self.buf, self.end, self.found, self.upto
         hi = self.hi

@@ -31,10 +31,12 @@ from collections import deque
 from typing import BinaryIO
 
 from dflashctl.analysis import lineprefix, signatures
+from dflashctl.analysis.anchorfind import AnchorFinder
+from dflashctl.analysis.grepfind import GrepFinder
 from dflashctl.analysis.logreport import LogReport
 from dflashctl.analysis.progress import parse_progress
 from dflashctl.analysis.progresslines import ProgressLines
-from dflashctl.analysis.rawlines import clean, next_special
+from dflashctl.analysis.rawlines import NextSpecial, clean, next_special
 from dflashctl.analysis.threadheaders import FRAG, HEADER_RE, HEADER_TTL, NAME_BEFORE_FRAME_RE, NAME_RE, Header
 from dflashctl.analysis.tracebacks import (
     BARE_EXC_RE,
@@ -151,6 +153,7 @@ class LogScanner(TracebackAssembly, ProgressLines):
         except (OSError, ValueError, AttributeError):  # not a regular file, empty, or no file descriptor
             m = None
         if m is not None:
+            m.fd = f.fileno()  # a big one goes to grep (rawlines.next_special)
             with m:
                 return self.feed(m)
         out: list[Event] = []
@@ -179,17 +182,31 @@ class LogScanner(TracebackAssembly, ProgressLines):
     fast = True  # False: every line through the per-line path (the reference the fast path is tested against)
 
     def _scan(self, buf: bytes, end: int) -> None:
-        pos = 0
-        find, count = buf.find, buf.count
         ordinary: list[tuple[int, int, int]] = []  # stretches of ordinary lines: (start, stop, last line no)
-        special = next_special(buf, end, self._extra)
+        special = next_special(buf, end, self._extra, getattr(buf, "fd", None))
+        try:
+            self._walk(buf, end, special, ordinary)
+        finally:
+            special.close()
+        budget = KEEP_PROGRESS  # only the latest points can end up in the report: parse those, newest first
+        for start, stop, last_line in reversed(ordinary):
+            if budget <= 0:
+                break
+            budget -= self._bulk_progress(buf, start, stop, last_line, budget)
+
+    def _walk(self, buf: bytes, end: int, special: AnchorFinder | NextSpecial | GrepFinder,
+              ordinary: list[tuple[int, int, int]]) -> None:
+        """Special lines one by one through the per-line path; the stretches of ordinary lines between, noted."""
+        pos, base = 0, self.line_no
+        find, count = buf.find, buf.count
+        known = getattr(special, "lines_before", None)  # grep numbers the lines: no newlines to count here
         while pos < end:
             if self.fast and self._idle():
                 at = special.at(pos)
                 stop = end if at < 0 else buf.rfind(b"\n", pos, at) + 1  # start of the special line
                 if stop > pos:  # ordinary lines: only progress can be there
-                    lines = count(b"\n", pos, stop)
-                    self.line_no += lines
+                    before = known(at) if known is not None and at >= 0 else None
+                    self.line_no = base + before if before is not None else self.line_no + count(b"\n", pos, stop)
                     ordinary.append((pos, stop, self.line_no))
                     pos = stop
                 if at < 0:
@@ -198,11 +215,6 @@ class LogScanner(TracebackAssembly, ProgressLines):
             self.line_no += 1
             self._line(self.line_no, buf[pos:nl])
             pos = nl + 1
-        budget = KEEP_PROGRESS  # only the latest points can end up in the report: parse those, newest first
-        for start, stop, last_line in reversed(ordinary):
-            if budget <= 0:
-                break
-            budget -= self._bulk_progress(buf, start, stop, last_line, budget)
 
     def _line(self, n: int, raw: bytes) -> None:
         text = clean(raw)
@@ -328,7 +340,10 @@ class LogScanner(TracebackAssembly, ProgressLines):
 
 
 class _Mapped(mmap.mmap):
-    """A read-only map of a log file that the scanner reads as it reads bytes (mmap lacks only count)."""
+    """A read-only map of a log file that the scanner reads as it reads bytes (mmap lacks only count); fd: the
+    file it maps, for grep to read."""
+
+    fd: int | None = None
 
     def count(self, sub: bytes, start: int = 0, end: int | None = None) -> int:
         return self[start:end].count(sub)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from dflashctl.analysis import signatures
+from dflashctl.analysis import grepfind, signatures
 from dflashctl.analysis.anchorfind import AnchorFinder
+from dflashctl.analysis.grepfind import GrepFinder
 from dflashctl.analysis.workers import ANCHORS as WORKER_ANCHORS
 
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -30,10 +31,17 @@ ANCHORS = tuple(sorted({a.encode() for a in _ALL_ANCHORS}))
 SMALL = 1 << 14  # below this many bytes, choosing pivots costs more than the plain regex's pass
 
 
-def next_special(buf: bytes, end: int, extra: re.Pattern[bytes] | None = None) -> AnchorFinder | NextSpecial:
+def next_special(buf: bytes, end: int, extra: re.Pattern[bytes] | None = None,
+                 fd: int | None = None) -> AnchorFinder | NextSpecial | GrepFinder:
     """Where the special lines of buf[:end] are: each anchor by a pivot byte (anchorfind.py, several times faster
     than SPECIAL_RE on a big buffer); `extra`, a user's progress regex, as one more source. A small feed (the
-    live watch's few new lines) takes the plain regex, which needs no choosing."""
+    live watch's few new lines) takes the plain regex, which needs no choosing. A big mapped file (fd: the file
+    buf maps from byte 0) goes to GNU grep, in parallel (grepfind.py), unless a user's regex must be searched too
+    (grep's dialect is not Python's)."""
+    if fd is not None and extra is None and end >= grepfind.GREP_MIN:
+        finder = grepfind.start(fd, buf, end, ANCHORS)
+        if finder is not None:
+            return finder
     if end < SMALL:
         return NextSpecial(buf, end, SPECIAL_RE if extra is None else _joined(extra))
     return AnchorFinder.build(buf, end, ANCHORS, extra)
@@ -71,6 +79,9 @@ class NextSpecial:
         self.buf, self.end, self.regex = buf, end, regex
         self.found = {a: -2 for a in _LOWER_ANCHORS}  # -2: not searched yet, -1: none left
         self.match = -2
+
+    def close(self) -> None:
+        """Nothing to stop (the finders share one interface: GrepFinder's stops its grep)."""
 
     def at(self, pos: int) -> int:
         buf, end = self.buf, self.end
