@@ -213,8 +213,8 @@ def failure_line(rank: int, first_error: str | None) -> str:
 
 def save_positions(d: Dist, n: int, step: int) -> dict[str, Any]:
     """Checkpoint entries: the layout and every rank's data position. Batches are a pure function of the global
-    step and the global replica index (rank * n + thread), and all ranks step in lockstep (one collective per
-    step), so rank 0 knows them all: resuming every rank at `next_step` is exact."""
+    step and the global replica index (rank * n + thread), and all ranks step in lockstep (the same collectives
+    every step), so rank 0 knows them all: resuming every rank at `next_step` is exact."""
     return {"distributed": {"world_size": d.world_size, "drafters_per_process": n},
             "data_positions": [{"rank": r, "replicas": list(range(r * n, (r + 1) * n)), "next_step": step}
                                for r in range(d.world_size)]}
