@@ -4,7 +4,9 @@ What it shows (DESIGN §8, issue 16): the incremental scanner's cost follows the
 and what the first full scan costs next to the seed's `grep -E "Exception|tok/s|step=" | tail -15` on the
 same file, and next to the way before (64 MB reads, special lines found by the plain regex of anchors,
 rawlines.NextSpecial), run once per size as the in-run baseline. The full scan is what diagnose does: the
-file mapped and scanned as one buffer (LogScanner.feed_file), special lines found by pivot bytes (anchorfind.py).
+file mapped and scanned as one buffer (LogScanner.feed_file), special lines found by GNU grep -F in a process
+of its own while Python handles them (grepfind.py); "pivot" is the same scan where grep is missing (the pivot
+search, anchorfind.py, as before grep was used).
 
     .venv/bin/python benchmarks/logscan.py [--size-mb 2048] [--dir /tmp] [--out benchmarks/results/logscan.txt]
 
@@ -27,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dflashctl.analysis import logscan, rawlines  # noqa: E402
+from dflashctl.analysis import grepfind, logscan, rawlines  # noqa: E402
 from dflashctl.analysis.logscan import LogScanner  # noqa: E402
 
 BLOCK = 64 << 20
@@ -72,19 +74,25 @@ def growth(step: int) -> bytes:
     return body + tb
 
 
-def full_scan(path: Path) -> tuple[float, LogScanner]:
-    """The first look at the log as diagnose takes it: the file mapped and scanned in one go."""
-    s = LogScanner()
-    t0 = time.perf_counter()
-    with path.open("rb") as f:
-        s.feed_file(f)
-    return time.perf_counter() - t0, s
+def full_scan(path: Path, use_grep: bool = True) -> tuple[float, LogScanner]:
+    """The first look at the log as diagnose takes it: the file mapped and scanned in one go (use_grep=False:
+    as where grep is missing, the pivot search alone)."""
+    saved = grepfind.GREP
+    grepfind.GREP = saved if use_grep else "dflash-no-such-grep"
+    try:
+        s = LogScanner()
+        t0 = time.perf_counter()
+        with path.open("rb") as f:
+            s.feed_file(f)
+        return time.perf_counter() - t0, s
+    finally:
+        grepfind.GREP = saved
 
 
 def plain_scan(path: Path) -> tuple[float, LogScanner]:
     """The way before (the baseline): BLOCK-sized reads, special lines found by the anchors' regex."""
     saved = logscan.next_special
-    logscan.next_special = lambda buf, end, extra: rawlines.NextSpecial(buf, end, rawlines.SPECIAL_RE)
+    logscan.next_special = lambda buf, end, extra, fd=None: rawlines.NextSpecial(buf, end, rawlines.SPECIAL_RE)
     try:
         s = LogScanner()
         t0 = time.perf_counter()
@@ -128,10 +136,12 @@ def main() -> int:
                 # the first look at a log this big; best of two (a shared machine's noise only adds time)
                 (full_s, _), (full_s2, scanner) = full_scan(path), full_scan(path)
                 full_s = min(full_s, full_s2)
+                pivot_s, pivot = full_scan(path, use_grep=False)
                 plain_s, plain = plain_scan(path)
-                mine, theirs = scanner.report(), plain.report()
-                assert (mine.tracebacks, mine.progress, mine.last_line_no) == (
-                    theirs.tracebacks, theirs.progress, theirs.last_line_no), "the two scans disagree"
+                mine = scanner.report()
+                for other in (pivot.report(), plain.report()):
+                    assert (mine.tracebacks, mine.progress, mine.hits, mine.last_line_no) == (
+                        other.tracebacks, other.progress, other.hits, other.last_line_no), "the scans disagree"
                 grep_s = min(grep(path), grep(path))
                 incs = []
                 for k in range(GROWTH_STEPS):  # what status --watch does with each new probe report
@@ -144,23 +154,25 @@ def main() -> int:
                     incs.append(time.perf_counter() - t0)
                     assert any(getattr(e, "thread", None) == "drafter-1" for e in events)
                 inc_s = statistics.median(incs)
-                rows.append((cp, full_s, plain_s, grep_s, inc_s))
-                print(f"  {cp >> 20} MB: full scan {full_s:.2f} s (before {plain_s:.2f} s), grep {grep_s:.2f} s, "
+                rows.append((cp, full_s, pivot_s, plain_s, grep_s, inc_s))
+                print(f"  {cp >> 20} MB: full scan {full_s:.2f} s (pivot {pivot_s:.2f} s, before {plain_s:.2f} s), "
+                      f"grep {grep_s:.2f} s, "
                       f"+1 MB {inc_s * 1000:.1f} ms", flush=True)
     finally:
         path.unlink(missing_ok=True)
     lines += [
         "",
         f"{'log size':>9} | {'full scan (best/2)':>18} | {'MB/s':>6} | {'grep -E|tail':>12} | {'scan/grep':>9} | "
-        f"{'before (64 MB reads, regex)':>27} | {'before/grep':>11} | {'+1 MB (median of 7)':>19} | "
-        f"{'full/incremental':>16}",
-        "-" * 155,
+        f"{'pivot, no grep':>14} | {'pivot/grep':>10} | {'before (64 MB reads, regex)':>27} | {'before/grep':>11} | "
+        f"{'+1 MB (median of 7)':>19} | {'full/incremental':>16}",
+        "-" * 185,
     ]
-    for size, full_s, plain_s, grep_s, inc_s in rows:
+    for size, full_s, pivot_s, plain_s, grep_s, inc_s in rows:
         lines.append(f"{size >> 20:>6} MB | {full_s:>16.2f} s | {(size >> 20) / full_s:>6.0f} | {grep_s:>10.2f} s | "
-                     f"{full_s / grep_s:>8.1f}x | {plain_s:>25.2f} s | {plain_s / grep_s:>10.1f}x | "
+                     f"{full_s / grep_s:>8.1f}x | {pivot_s:>12.2f} s | {pivot_s / grep_s:>9.1f}x | "
+                     f"{plain_s:>25.2f} s | {plain_s / grep_s:>10.1f}x | "
                      f"{inc_s * 1000:>16.1f} ms | {full_s / inc_s:>15.0f}x")
-    incs = [r[4] for r in rows]
+    incs = [r[5] for r in rows]
     grew = rows[-1][0] / rows[0][0]
     lines += ["", f"incremental cost of +1 MB across sizes: min {min(incs) * 1000:.1f} ms, "
               f"max {max(incs) * 1000:.1f} ms (ratio {max(incs) / min(incs):.2f} while the file grew {grew:.0f}x): "

@@ -7,7 +7,9 @@ anchor, rawlines.py) is found at C speed, each anchor by a pivot byte (anchorfin
 every line is read only while a traceback is open; in the ordinary stretches between, only the latest
 KEEP_PROGRESS progress lines are parsed (found backwards with rfind), since nothing older can reach the
 report. So a first full scan is cheapest as ONE buffer: `feed_file(f)` maps the file and feeds it whole
-(every feed() parses its own latest progress lines: 8 MB pieces of a 256 MB log cost ~40 % more than 64 MB).
+(every feed() parses its own latest progress lines: 8 MB pieces of a 256 MB log cost ~40 % more than 64 MB);
+a big one has its special lines found by GNU grep in a process of its own, which also numbers them, so the
+pages of the ordinary stretches are never touched (grepfind.py; the pivot search where grep is missing).
 
 API (stable; `logs --errors`, `runs`, `status`, `diagnose` use it): `LogScanner.feed(data) -> [Event]`,
 `.feed_file(f) -> [Event]`, `.flush()` at end of input, `.reset()` on rotation, `.report() -> LogReport`;

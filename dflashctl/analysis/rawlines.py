@@ -2,8 +2,8 @@
 
 A special line is one that can start or hold a traceback, a signature or a worker's death (it holds one of the
 literal anchors below); every other line can at most be progress, so LogScanner never decodes the ordinary ones.
-next_special() finds them by pivot bytes (anchorfind.py); NextSpecial, the plain regex way, is kept as the
-reference it is tested against.
+next_special() finds them by pivot bytes (anchorfind.py), or in a big mapped file by GNU grep (grepfind.py);
+NextSpecial, the plain regex way, is kept as the reference they are tested against.
 """
 
 from __future__ import annotations
