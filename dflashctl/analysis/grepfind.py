@@ -44,8 +44,10 @@ class GrepFinder:
             line = self.out.readline() if self.out is not None else b""
             if not line:
                 return self._finished(pos)
-            n, _, rest = line.partition(b":")
-            self.next, self.line = int(rest[:rest.index(b":")]), int(n)
+            answer = _parse(line)
+            if answer is None or (answer[1] < self.end and self.buf[answer[1]:answer[1] + len(answer[2])] != answer[2]):
+                return self._distrust(pos)  # not GNU grep's `N:OFFSET:MATCH`, or not what the map holds
+            self.line, self.next = answer[0], answer[1]
         if self.next >= self.end:
             self.close()
             return -1
@@ -57,6 +59,13 @@ class GrepFinder:
         if rc in (0, 1):
             self.next = self.end
             return -1
+        self.fallback = AnchorFinder.build(self.buf, self.end, self.anchors)
+        return self.fallback.at(pos)
+
+    def _distrust(self, pos: int) -> int:
+        """An answer that does not read as GNU grep's or does not match the buffer: grep is stopped and the pivot
+        search takes the rest from pos (answers before pos were checked one by one)."""
+        self.close()
         self.fallback = AnchorFinder.build(self.buf, self.end, self.anchors)
         return self.fallback.at(pos)
 
@@ -93,3 +102,11 @@ def start(fd: int, buf: bytes, end: int, anchors: tuple[bytes, ...]) -> GrepFind
     finally:
         os.close(src)
     return GrepFinder(proc, buf, end, anchors)
+
+
+def _parse(line: bytes) -> tuple[int, int, bytes] | None:
+    """`N:OFFSET:MATCH` (grep -n -b -o) as (line number, byte offset, match); None for anything else."""
+    parts = line.rstrip(b"\n").split(b":", 2)
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or not parts[2]:
+        return None
+    return int(parts[0]), int(parts[1]), parts[2]

@@ -109,6 +109,23 @@ def test_grep_failing_after_some_answers_hands_the_rest_to_the_pivot_search(
     same(got, report_of(data, None, fast=False))
 
 
+@pytest.mark.parametrize("odd", [
+    "grep \"$@\" | sed 's/^[0-9]*://'",  # no line numbers (a grep without -n's format)
+    "grep \"$@\" | awk -F: -v OFS=: '{ $2 = $2 + 1; print }'",  # offsets that do not point at the match
+    "echo 'Binary file matches'; exit 0",
+])
+def test_answers_that_are_not_gnu_greps_or_miss_the_buffer_hand_the_scan_to_the_pivot_search(
+        odd: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(grepfind, "GREP", fake_grep(tmp_path, odd))
+    data = b"".join(b"step=%d loss=2.0 tok/s=5.0\neval: NaN check passed\n" % i for i in range(50)) + TRICKY[0]
+    log = tmp_path / "train.log"
+    log.write_bytes(data)
+    got, used = mapped(log)
+    assert used and used[0].fallback is not None and used[0].proc.returncode is not None
+    assert got.tracebacks
+    same(got, report_of(data, None, fast=False))
+
+
 @pytest.mark.parametrize("path", LOGS[::5], ids=lambda p: p.name)
 def test_without_grep_the_pivot_search_scans_alone(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(grepfind, "GREP", "dflash-no-such-grep")
