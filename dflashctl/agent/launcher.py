@@ -328,7 +328,7 @@ def supervise(run_dir: str) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
     rc = proc.wait()
-    code = rc if rc >= 0 else 128 - rc
+    code = stopped_code(run_dir, spec["argv"], rc if rc >= 0 else 128 - rc)
     spare = (sentinel.pid,) if sentinel else ()
     leftovers = _reap_group(proc.pid) + _reap_marked(os.environ.get(MARKER), os.environ.get(RUN_DIR_VAR) or run_dir,
                                                      spare)
@@ -338,6 +338,17 @@ def supervise(run_dir: str) -> int:
     write_atomic(exit_path, f"{code}\n".encode())
     relaunch(run_dir, start)
     return 0
+
+
+def stopped_code(run_dir: str, argv: list[str], code: int) -> int:
+    """torchrun (a node of a run across hosts) answers SIGTERM by stopping its workers (143 after their checkpoint),
+    then exits 1 (its SignalException): a node our stop ended (its `stopped` marker) records 143, as a one-host run."""
+    if code == 1 and "torch.distributed.run" in argv[1:3] and os.path.exists(os.path.join(run_dir, "stopped")):
+        with contextlib.suppress(OSError), open(os.path.join(run_dir, "train.log"), "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            tail = f.read()
+            return 143 if b"SignalException: Process" in tail and b"got signal: 15" in tail else code
+    return code
 
 
 class _StoppedWaiting(Exception):

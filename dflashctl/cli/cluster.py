@@ -1,8 +1,8 @@
 """The multi-host halves of launch, status, logs, stop and kill-zombies (a run across hosts, issue 17 part 2).
 
 The verbs stay where they are (cli/launch.py, cli/status.py, cli/runs.py); each hands over here when it is given
-`--cluster NAME` / `--host a,b`, or finds meta.json `cluster` in the run it reads. Rendering only: the work is in
-commands/cluster.py and commands/cluster_runs.py.
+`--cluster NAME` / `--hosts a,b` (or `--host a,b`), or finds meta.json `cluster` in the run it reads. Rendering
+only: the work is in commands/cluster.py and commands/cluster_runs.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,23 @@ if TYPE_CHECKING:
     from dflashctl.model import Cluster, Host
 
 ClusterOpt = typer.Option(None, "--cluster", metavar="NAME",
-                          help="a [clusters.NAME] of hosts.toml: every host of it (or give --host pve1,pve2)")
+                          help="a [clusters.NAME] of hosts.toml: every host of it (or give --hosts pve1,pve2)")
+# The verbs that work across hosts take `--hosts pve1,pve2` (the issue's spelling) beside `--hosts FILE`
+HostsOrListOpt = typer.Option(None, "--hosts", metavar="FILE|H1,H2",
+                              help="hosts.toml to use (else $DFLASHCTL_HOSTS, ./hosts.toml, "
+                                   "~/.config/dflashctl/hosts.toml); or hosts separated by commas (pve1,pve2): a "
+                                   "run across those hosts, as --host pve1,pve2")
+
+
+def host_list(hosts: Path | None, host: str | None) -> tuple[Path | None, str | None]:
+    """(hosts file, host) with `--hosts pve1,pve2` read as `--host pve1,pve2`: a value with a comma that is no
+    existing file lists hosts (an existing file of that name stays the hosts file, as it always was)."""
+    if hosts is None or "," not in str(hosts) or hosts.exists():
+        return hosts, host
+    if host is not None:
+        raise ConfigError(f"--hosts {hosts} and --host {host} both name the hosts to use; give one",
+                          hint="--hosts pve1,pve2, or --hosts FILE --host pve1,pve2 for another hosts.toml")
+    return None, str(hosts)
 
 
 def pick(hosts: Path | None, host: str | None, cluster: str | None, **overrides: int | None
@@ -64,17 +80,33 @@ def launch_across(inv: Inventory, cluster: Cluster, opts: LaunchOptions, json_ou
         f"rendezvous {res.rendezvous})")
     for i, n in enumerate(res.nodes):
         out(f"  node {i}  {n.host:<12} pid {n.pid}  log {n.log_path}", markup=False)
-    out(f"  next dflashctl status {res.run_id} --host {cluster.hosts[0]} | dflashctl stop {res.run_id} --host "
-        f"{cluster.hosts[0]}", markup=False, soft_wrap=True)
+    where = f"--cluster {cluster.name}" if "," not in cluster.name else f"--hosts {cluster.name}"
+    out(f"  next dflashctl status {res.run_id} {where} | dflashctl stop {res.run_id} --host {cluster.hosts[0]}",
+        markup=False, soft_wrap=True)
     raise Exit(0)
 
 
 def status_across(inv: Inventory, first: StatusView, json_out: bool) -> None:
-    """`status` of a run whose meta.json names a cluster: every node, one row each; exit = the run's verdict."""
+    """`status` of a run whose meta.json names a cluster (only its first host given): every other node asked next."""
     from dflashctl.commands.cluster_runs import cluster_status
     from dflashctl.remote import connect
 
-    cs = cluster_status(inv, first, connect)
+    _show_status(cluster_status(inv, first, connect), json_out)
+
+
+def status_known(inv: Inventory, host: str | None, cluster: str | None, run: str | None, json_out: bool) -> None:
+    """`status --cluster NAME` / `--hosts a,b`: the members are known, so every node is asked in one round."""
+    from dflashctl.commands.cluster import resolve
+    from dflashctl.commands.cluster_runs import status_of
+    from dflashctl.remote import connect
+
+    found = resolve(inv, host, cluster)
+    assert found is not None  # the caller passes a cluster or a host list
+    _show_status(status_of(inv, found, run, connect), json_out)
+
+
+def _show_status(cs: ClusterStatus, json_out: bool) -> None:
+    """The whole run, one row per node; exit = the run's verdict."""
     if json_out:
         print_json(cs.to_record())
     else:
@@ -84,7 +116,8 @@ def status_across(inv: Inventory, first: StatusView, json_out: bool) -> None:
 
 def watch_across(inv: Inventory, first: Host, run: str | None, interval: float, json_out: bool,
                  exit_on_failure: bool) -> None:
-    """`status --watch --cluster NAME` (or --host a,b): every node's stream at once; exit = the run's verdict."""
+    """`status --watch --cluster NAME` (or --hosts a,b): every node's stream at once; exit = the run's verdict."""
+    from dflashctl.cli.live import watch_loop
     from dflashctl.commands import cluster_watch
     from dflashctl.commands.status import status_once
     from dflashctl.remote import connect
@@ -98,34 +131,7 @@ def watch_across(inv: Inventory, first: Host, run: str | None, interval: float, 
                           hint=f"watch it alone: dflashctl status --watch {v.run.id} --host {first.name}")
     expected = len(members(v.run.meta) or [])
     views = cluster_watch.watch_across(inv, first, cluster, v.run.id, connect, interval=interval)
-    last = None
-    try:
-        if json_out:
-            for last in views:
-                print_json(last.to_record())
-                if cluster_watch.settled(last, expected, exit_on_failure):
-                    break
-        else:
-            from rich.live import Live
-
-            from dflashctl.cli.common import console
-
-            saved = console.width
-            if not console.is_terminal:
-                console.width = 160  # as the one-host watch: the final view is printed once, unwrapped
-            try:
-                with Live(console=console, auto_refresh=False, transient=False) as live:
-                    for last in views:
-                        live.update(render(last), refresh=True)
-                        if cluster_watch.settled(last, expected, exit_on_failure):
-                            break
-            finally:
-                console.width = saved
-    except KeyboardInterrupt:
-        raise Exit(0) from None
-    finally:
-        views.close()
-    raise Exit(last.exit_code if last is not None else 0)
+    watch_loop(views, render, json_out, lambda cs: cluster_watch.settled(cs, expected, exit_on_failure))
 
 
 def render(cs: ClusterStatus):  # noqa: ANN201 - a rich renderable
@@ -204,7 +210,7 @@ def logs_across(inv: Inventory, first_host: str, run_id: str, members: list[tupl
 
 def zombies_across(inv: Inventory, cluster: Cluster, dry_run: bool, yes: bool, grace: float, json_out: bool,
                    zombie_table: Callable[..., Any]) -> None:
-    """`kill-zombies --cluster NAME` / `--host a,b`: every host, each its own table (cli/runs.py's zombie_table)."""
+    """`kill-zombies --cluster NAME` / `--hosts a,b`: every host, each its own table (cli/runs.py's zombie_table)."""
     from dflashctl.commands import zombies as zombies_cmd
     from dflashctl.commands.cluster_runs import zombies_all
     from dflashctl.remote import connect

@@ -15,7 +15,17 @@ from typing import TYPE_CHECKING
 import typer
 
 from dflashctl.cli.app import app
-from dflashctl.cli.cluster import ClusterOpt, entry_host, logs_across, members, pick, stop_across, zombies_across
+from dflashctl.cli.cluster import (
+    ClusterOpt,
+    HostsOrListOpt,
+    entry_host,
+    host_list,
+    logs_across,
+    members,
+    pick,
+    stop_across,
+    zombies_across,
+)
 from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, age, err, escape, open_target, out, print_json, show
 from dflashctl.errors import ConfigError, ExitCode
 
@@ -75,7 +85,7 @@ def logs(
                                     help="a run across hosts: this node's log alone (else every node's, prefixed)"),
     cluster: str | None = ClusterOpt,
     host: str | None = HostOpt,
-    hosts: Path | None = HostsOpt,
+    hosts: Path | None = HostsOrListOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Print a run's train.log (its tail, a live follow, or only its errors)."""
@@ -83,6 +93,7 @@ def logs(
         raise ConfigError(f"--lines must be 0 or more (got {lines})")
     from dflashctl.commands import logs as logs_cmd
 
+    hosts, host = host_list(hosts, host)
     inv, _ = pick(hosts, host, cluster)
     with open_target(hosts, node or entry_host(inv, host, cluster)) as target:
         if errors:
@@ -171,7 +182,7 @@ def stop(
     grace: float = typer.Option(30.0, "--grace", metavar="S", help="seconds between SIGTERM and SIGKILL"),
     cluster: str | None = ClusterOpt,
     host: str | None = HostOpt,
-    hosts: Path | None = HostsOpt,
+    hosts: Path | None = HostsOrListOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Stop a run: SIGTERM to its process group, grace period, SIGKILL. Exits 103 (stopped by user).
@@ -179,6 +190,7 @@ def stop(
     from dflashctl.commands import stop as stop_cmd
     from dflashctl.commands.runs import get_run
 
+    hosts, host = host_list(hosts, host)
     inv, _ = pick(hosts, host, cluster)
     with open_target(hosts, entry_host(inv, host, cluster)) as target:
         info, _doc = get_run(target, run)
@@ -231,13 +243,14 @@ def kill_zombies(
     grace: float = typer.Option(10.0, "--grace", metavar="S", help="seconds between SIGTERM and SIGKILL"),
     cluster: str | None = ClusterOpt,
     host: str | None = HostOpt,
-    hosts: Path | None = HostsOpt,
+    hosts: Path | None = HostsOrListOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """End processes of earlier runs, defunct children's parents, and GPU holders of no live run (with --cluster
-    NAME or --host a,b: on every one of those hosts)."""
+    NAME or --hosts a,b: on every one of those hosts)."""
     from dflashctl.commands import zombies as zombies_cmd
 
+    hosts, host = host_list(hosts, host)
     inv, across = pick(hosts, host, cluster)
     if across is not None:
         if pid:

@@ -13,8 +13,17 @@ from typing import TYPE_CHECKING
 import typer
 
 from dflashctl.cli.app import app
-from dflashctl.cli.cluster import ClusterOpt, entry_host, members, status_across, watch_across
-from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, console, err, escape, print_json, rich_console
+from dflashctl.cli.cluster import (
+    ClusterOpt,
+    HostsOrListOpt,
+    entry_host,
+    host_list,
+    members,
+    status_across,
+    status_known,
+    watch_across,
+)
+from dflashctl.cli.common import Exit, HostOpt, JsonOpt, err, escape, print_json
 from dflashctl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -46,7 +55,7 @@ def _load_hosts(hosts: Path | None):
 @app.command("status")
 def status(
     run: str = typer.Argument(None, metavar="[RUN]", help="run id (default: the latest run)"),
-    hosts: Path = HostsOpt,
+    hosts: Path = HostsOrListOpt,
     host: str = HostOpt,
     json_: bool = JsonOpt,
     watch: bool = typer.Option(False, "--watch", "-w", help="live view, redrawn in place (streaming probe)"),
@@ -65,7 +74,9 @@ def status(
     notify_desktop: bool = typer.Option(False, "--notify-desktop",
                                         help="with --watch: a desktop notification when the run fails or ends"),
 ) -> None:
-    """The run's verdict, threads, GPUs and known failures (exit code = the verdict's code)."""
+    """The run's verdict, threads, GPUs and known failures (exit code = the verdict's code). A run across hosts
+    (--cluster NAME, --hosts pve1,pve2, or a run whose meta.json names its nodes): one row per node."""
+    hosts, host = host_list(hosts, host)
     if all_hosts:
         if run or host or watch:
             raise ConfigError("--all checks the latest run of every host; it takes no RUN, --host or --watch")
@@ -81,6 +92,9 @@ def status(
             raise ConfigError(f"--gpu-interval {gpu_interval:g} must be above 0 and at most --interval ({interval:g})",
                               hint="e.g. dflashctl status --watch --gpu-interval 0.2")
     inv = _load_hosts(hosts)
+    across = cluster is not None or (host is not None and "," in host)
+    if across and not watch:  # the members are known: every node asked in one round
+        status_known(inv, host, cluster, run, json_)
     h = inv.get(entry_host(inv, host, cluster))  # a run across hosts is asked on its first host, which names the rest
     from dflashctl.commands import status as status_cmd
     from dflashctl.remote import connect
@@ -95,7 +109,7 @@ def status(
         else:
             _print(render_view(v, events=None if events else 5))
         raise Exit(v.exit_code)
-    if cluster is not None or (host and "," in host):  # every node at once, one connection per host
+    if across:  # every node at once, one connection per host
         watch_across(inv, h, run, interval, json_, exit_on_failure)
     _watch(lambda: connect(h), run, interval, json_, exit_on_failure, None if events else 5,
            _Desktop() if notify_desktop else None, gpu_interval)
@@ -122,39 +136,13 @@ class _Desktop:
 
 def _watch(connect, run: str | None, interval: float, json_: bool, exit_on_failure: bool,  # noqa: ANN001
            events: int | None = 5, desktop: _Desktop | None = None, gpu_interval: float | None = None) -> None:
-    from rich.live import Live
-
+    from dflashctl.cli.live import watch_loop
     from dflashctl.commands import status as status_cmd
 
     views = status_cmd.watch(connect, run, interval=interval, gpu_interval=gpu_interval)
-    last = None
-    saved_width = console.width
-    try:
-        if json_:
-            for v in views:
-                print_json(v.to_record())
-                last = v
-                if desktop:
-                    desktop.see(v)
-                if _done(v, exit_on_failure):
-                    break
-        else:
-            if not console.is_terminal:
-                console.width = 160  # see _print: the final view is printed once, unwrapped
-            with Live(console=rich_console(), auto_refresh=False, transient=False) as live:
-                for v in views:
-                    live.update(render_view(v, history=True, events=events), refresh=True)
-                    last = v
-                    if desktop:
-                        desktop.see(v)
-                    if _done(v, exit_on_failure):
-                        break
-    except KeyboardInterrupt:
-        raise Exit(0) from None
-    finally:
-        views.close()
-        console.width = saved_width
-    raise Exit(last.exit_code if last is not None else 0)
+    watch_loop(views, lambda v: render_view(v, history=True, events=events), json_,
+               lambda v: _done(v, exit_on_failure), desktop.see if desktop else None,
+               lambda doc: print_json(doc))  # looked up on each line: tests/status hook this module's print_json
 
 
 def _done(v: StatusView, exit_on_failure: bool) -> bool:

@@ -7,7 +7,9 @@ each), and a node that does not answer is a row saying so, never a hang.
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,10 +19,11 @@ from dflashctl.commands import stop as stop_cmd
 from dflashctl.commands import zombies as zombies_cmd
 from dflashctl.commands.cluster_meta import members
 from dflashctl.commands.fanout import fan_out
+from dflashctl.commands.runs import get_run
 from dflashctl.commands.status import StatusView, status_once
 from dflashctl.config import Inventory
-from dflashctl.errors import DflashError, ExitCode
-from dflashctl.model import Host, Verdict
+from dflashctl.errors import ConfigError, DflashError, ExitCode
+from dflashctl.model import Cluster, Host, Verdict
 from dflashctl.remote.target import Target
 
 NODE_DEADLINE_S = 60.0
@@ -95,18 +98,45 @@ def _each_node(inv: Inventory, first: Host, member_list: list[tuple[str, int]], 
 
 
 def cluster_status(inv: Inventory, first: StatusView, connect: Callable[[Host], Target]) -> ClusterStatus:
-    """Every node's status (the first one's view reused), judged as one run."""
+    """Every node's status (the first one's view reused), judged as one run: the path when only the first host is
+    given (its meta.json names the others, a second round asks them)."""
     assert first.run is not None
     meta = first.run.meta or {}
-    run_id, first_host = first.run.id, inv.hosts.get(first.host) or Host(first.host)
-    rows = []
-    for name, rank, view, e in _each_node(inv, first_host, [m for m in members(meta) or [] if m[0] != first.host],
-                                          lambda t: status_once(t, run_id), connect):
-        rows.append(NodeRow(name, rank, view) if e is None else NodeRow(name, rank, error=e.message,
-                                                                        exit_code=int(e.exit_code)))
+    run_id = first.run.id
+    others = [m for m in members(meta) or [] if m[0] != first.host]
+    rows = _rows(_each_node(inv, inv.hosts.get(first.host) or Host(first.host), others,
+                            lambda t: status_once(t, run_id), connect))
     own = next((r for h, r in members(meta) or [] if h == first.host), 0)
-    rows = sorted([NodeRow(first.host, own, first), *rows], key=lambda r: r.node_rank)
-    return judge(run_id, meta["cluster"], rows)
+    return judge(run_id, meta["cluster"], sorted([NodeRow(first.host, own, first), *rows], key=lambda r: r.node_rank))
+
+
+def status_of(inv: Inventory, cluster: Cluster, run: str | None,
+              connect: Callable[[Host], Target]) -> ClusterStatus:
+    """`status --cluster NAME` / `--hosts a,b`: the members are known, so every node is asked in one round. The
+    run's meta.json still decides: members other than the ones given are asked as the first host's run names them
+    (cluster_status), and without a RUN a node whose latest run is another is asked again for node 0's."""
+    asked = [(h, i) for i, h in enumerate(cluster.hosts)]
+    got = _each_node(inv, inv.get(cluster.hosts[0]), asked, lambda t: status_once(t, run), connect)
+    lead = next((v for _h, _r, v, e in got if e is None), None)
+    if lead is None:
+        raise next(e for *_x, e in got if e is not None)  # no node answered: the first one's one-line error
+    assert lead.run is not None
+    if members(lead.run.meta) is None:
+        raise ConfigError(f"run {lead.run.id} on {lead.host} is not a run across hosts",
+                          hint=f"ask it alone: dflashctl status {lead.run.id} --host {lead.host}")
+    if sorted(members(lead.run.meta) or []) != sorted(asked):
+        return cluster_status(inv, lead, connect)
+    run_id = lead.run.id
+    again = [(h, r) for h, r, v, e in got if e is None and v.run is not None and v.run.id != run_id]
+    redo = {h: (h, r, v, e) for h, r, v, e in _each_node(inv, inv.get(cluster.hosts[0]), again,
+                                                         lambda t: status_once(t, run_id), connect)}
+    rows = _rows([redo.get(h, (h, r, v, e)) for h, r, v, e in got])
+    return judge(run_id, (lead.run.meta or {})["cluster"], sorted(rows, key=lambda x: x.node_rank))
+
+
+def _rows(got: list[tuple[str, int, Any, DflashError | None]]) -> list[NodeRow]:
+    return [NodeRow(name, rank, view) if e is None else NodeRow(name, rank, error=e.message, exit_code=int(e.exit_code))
+            for name, rank, view, e in got]
 
 
 def judge(run_id: str, cluster: dict[str, Any], rows: list[NodeRow]) -> ClusterStatus:
@@ -174,7 +204,10 @@ class NodeStop:
 
 def stop_all(inv: Inventory, first: Host, member_list: list[tuple[str, int]], run_id: str,
              connect: Callable[[Host], Target], grace_s: float) -> list[NodeStop]:
-    """`stop RUN` of a run across hosts: every node at once. A node already ended is reported, not an error."""
+    """`stop RUN` of a run across hosts: every node at once. Each live node is marked stopped by the user before
+    any node is signalled (a node whose workers end because a peer's did, before its own stop arrives, reads as
+    stopped, not crashed). A node already ended is reported, not an error."""
+    _each_node(inv, first, member_list, lambda t: _mark_stopped(t, run_id), connect)
     out = []
     for name, rank, res, e in _each_node(inv, first, member_list,
                                          lambda t: stop_cmd.stop(t, run_id, grace_s=grace_s), connect):
@@ -185,6 +218,14 @@ def stop_all(inv: Inventory, first: Host, member_list: list[tuple[str, int]], ru
         else:
             out.append(NodeStop(name, rank, res))
     return out
+
+
+def _mark_stopped(t: Target, run_id: str) -> None:
+    """The reaper's `stopped` marker (it writes it again when it signals), on a node whose run is alive."""
+    info, _doc = get_run(t, run_id)
+    if info.alive:
+        t.write_file(f"{info.dir}/stopped", json.dumps({"by": "dflashctl stop", "time": time.time(),
+                                                        "pid": info.pid, "across": True}).encode())
 
 
 def tails(inv: Inventory, first: Host, member_list: list[tuple[str, int]], run_id: str, lines: int,

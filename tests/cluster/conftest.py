@@ -50,10 +50,11 @@ class TwoHosts:
     hosts_file: Path
     port: int  # the cluster's rendezvous port
 
-    def write_hosts(self, *, pve2_port: int | None = None, clusters: str | None = None, pve2_keys: str = "") -> None:
-        """hosts.toml: both hosts (pve2 on another port, with more keys, if given) and [clusters.duo] (or the tables
-        given)."""
-        self.hosts_file.write_text('default = "pve1"\n\n' + _host_table("pve1", self.pve1)
+    def write_hosts(self, *, pve2_port: int | None = None, clusters: str | None = None, pve2_keys: str = "",
+                    pve1_port: int | None = None) -> None:
+        """hosts.toml: both hosts (either on another port, pve2 with more keys, if given) and [clusters.duo] (or the
+        tables given)."""
+        self.hosts_file.write_text('default = "pve1"\n\n' + _host_table("pve1", self.pve1, pve1_port)
                                    + _host_table("pve2", self.pve2, pve2_port).rstrip("\n") + f"\n{pve2_keys}\n\n"
                                    + (clusters or f'[clusters.duo]\nhosts = ["pve1", "pve2"]\n'
                                                   f"rendezvous_port = {self.port}\n"))

@@ -32,6 +32,11 @@ def test_a_cluster_naming_an_unknown_host(two_hosts, cli):
     res = cli("launch", "--host", "pve1,pve3")
     assert res.code == 2 and "unknown host 'pve3'" in _one_line(res.err)[0]
     _nothing_anywhere(h)
+    res = cli("launch", "--hosts", "pve1,pve3")  # the spelling: --hosts lists hosts when it has a comma
+    assert res.code == 2 and "unknown host 'pve3'" in _one_line(res.err)[0]
+    res = cli("launch", "--hosts", "pve1,pve2", "--host", "pve1")
+    assert res.code == 2 and "both name the hosts to use; give one" in _one_line(res.err)[0]
+    _nothing_anywhere(h)
 
 
 def test_the_rendezvous_port_in_use_on_the_first_host(two_hosts, cli):

@@ -23,7 +23,8 @@ def _meta(hosts, env, run_id: str) -> dict:
 
 def test_launch_across_two_hosts_trains_shows_both_nodes_and_stop_ends_both(two_hosts, cli):
     h = two_hosts
-    res = cli("launch", "--cluster", "duo", "--name", "duo run", "--json", *TRAIN, "--set", "train.steps=100000")
+    res = cli("launch", "--hosts", "pve1,pve2", "--rendezvous-port", str(h.port), "--name", "duo run", "--json", *TRAIN,
+              "--set", "train.steps=100000")
     assert res.code == 0, res.err
     doc = res.json()
     run_id = doc["run_id"]
@@ -49,8 +50,13 @@ def test_launch_across_two_hosts_trains_shows_both_nodes_and_stop_ends_both(two_
     assert st["nodes"][0]["progress"]["step"] >= 1
     table = cli("status", run_id, "--cluster", "duo")
     assert table.code == 0 and "pve1" in table.out and "pve2" in table.out and "training" in table.out, table.out
+    # each node's own threads: node 2's trainer (global rank 1) keeps its heartbeat in <run>/rank-1/
+    for n in st["nodes"]:
+        assert sorted(t["name"] for t in n["threads"]) == ["coordinator", "drafter-0", "drafter-1"], n
+    rows = [ln.split() for ln in table.out.splitlines() if ln.split()[:2] in (["0", "pve1"], ["1", "pve2"])]
+    assert [r[4] for r in rows] == ["3/3", "3/3"], table.out
 
-    logs = cli("logs", run_id, "-n", "5")
+    logs = cli("logs", run_id, "-n", "5", "--hosts", "pve1,pve2")
     assert logs.code == 0 and "[pve1] " in logs.out and "[pve2] " in logs.out, logs.out
     only2 = cli("logs", run_id, "--node", "pve2", "-n", "5")
     assert only2.code == 0 and "[pve1]" not in only2.out
@@ -61,17 +67,27 @@ def test_launch_across_two_hosts_trains_shows_both_nodes_and_stop_ends_both(two_
     rows = {n["host"]: n for n in cut.json()["nodes"]}
     assert rows["pve1"]["verdict"] == "training" and "pve2" in rows["pve2"]["error"]
     assert cut.json()["verdict"] == "training" and any(r.startswith("pve2 (node 1): ") for r in cut.json()["reasons"])
+    # the members given: every node asked in one round, so a first host that does not answer is a row, the others
+    # judged (the two-round path, which reads the members from the first host's run, could not answer at all)
+    h.write_hosts(pve1_port=closed_port())
+    first_cut = cli("status", run_id, "--hosts", "pve1,pve2", "--json")
+    assert first_cut.code == 102, first_cut.err
+    rows = {n["host"]: n for n in first_cut.json()["nodes"]}
+    assert "pve1" in rows["pve1"]["error"] and rows["pve2"]["run"]["id"] == run_id, rows
+    assert cli("status", run_id, "--json").code == 102  # the first host alone: nothing to read the members from
     h.write_hosts()
 
-    stopped = cli("stop", run_id, "--json", "--grace", "10")
+    stopped = cli("stop", run_id, "--json", "--grace", "10", "--hosts", "pve1,pve2")
     assert stopped.code == 103, stopped.err
-    assert [n["host"] for n in stopped.json()["nodes"]] == ["pve1", "pve2"]
+    # torchrun ends 1 on SIGTERM; a node our stop ended records the clean stop's 143, as a one-host run
+    assert [(n["host"], n["exit_code"]) for n in stopped.json()["nodes"]] == [("pve1", 143), ("pve2", 143)]
     for env in (h.pve1, h.pve2):
         assert h.marked(env, run_id) == []
-        assert (h.runs_dir(env) / run_id / "exit_code").exists()
+        assert (h.runs_dir(env) / run_id / "exit_code").read_text() == "143\n"
     after = cli("status", run_id, "--json").json()
     assert after["verdict"] == "stopped" and [n["verdict"] for n in after["nodes"]] == ["stopped", "stopped"]
-    zombies = cli("kill-zombies", "--cluster", "duo", "--dry-run", "--json")
+    assert [n["exit_code"] for n in after["nodes"]] == [103, 103] and after["exit_code"] == 103
+    zombies = cli("kill-zombies", "--hosts", "pve1,pve2", "--dry-run", "--json")
     assert zombies.code == 0, zombies.err
     assert [(x["host"], x["error"], x["dry_run"]) for x in zombies.json()["hosts"]] == [("pve1", None, True),
                                                                                       ("pve2", None, True)]

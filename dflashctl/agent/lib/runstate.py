@@ -81,6 +81,18 @@ def adopted_by(runs_dir: str, identity: dict) -> str | None:
     return None
 
 
+def node_lead_dir(run_dir: str, meta: object) -> str:
+    """Where this host's lowest rank writes its heartbeat and errors/: the run dir itself, except on a later node
+    of a run across hosts (meta.json `cluster`), whose lowest rank R = node_rank x nproc_per_node writes them in
+    rank-R/ (trainer/pipeline.py: only global rank 0 writes into the run dir)."""
+    c = meta.get("cluster") if isinstance(meta, dict) else None
+    try:
+        rank = int(c["node_rank"]) * int(c.get("nproc_per_node") or 1) if isinstance(c, dict) else 0
+    except (KeyError, TypeError, ValueError):
+        rank = 0
+    return os.path.join(run_dir, f"rank-{rank}") if rank > 0 else run_dir
+
+
 def run_state(run_id: str, run_dir: str, cache: dict | None = None) -> dict:
     meta = read_json(os.path.join(run_dir, "meta.json"))
     pid = read_int(os.path.join(run_dir, "pid"))
@@ -88,8 +100,9 @@ def run_state(run_id: str, run_dir: str, cache: dict | None = None) -> dict:
     alive, ending, sup = liveness(run_id, run_dir, pid, exit_code, cache, meta)
     if not alive and exit_code is None:  # the supervisor writes it before it exits: one that just did is seen
         exit_code = read_int(os.path.join(run_dir, "exit_code"))
+    lead = node_lead_dir(run_dir, meta)
     errors = {}
-    err_dir = os.path.join(run_dir, "errors")
+    err_dir = os.path.join(lead, "errors")
     try:
         names = sorted(os.listdir(err_dir))
     except OSError:
@@ -109,7 +122,7 @@ def run_state(run_id: str, run_dir: str, cache: dict | None = None) -> dict:
         "ended_at": _mtime(os.path.join(run_dir, "exit_code")),
         "stopped": os.path.exists(os.path.join(run_dir, "stopped")),
         "stopped_by": read_json(os.path.join(run_dir, "stopped")),  # {"by": "dflashctl stop" | "sentinel", ...}
-        "heartbeat": read_json(os.path.join(run_dir, "heartbeat.json")),
+        "heartbeat": read_json(os.path.join(lead, "heartbeat.json")),
         "restart": read_json(os.path.join(run_dir, "restart.json")),  # the sentinel asked for another attempt
         "errors": errors,
     }
