@@ -115,3 +115,7 @@ def test_a_crash_on_node_2_makes_the_run_crashed_naming_node_2(two_hosts, cli):
     assert st["reasons"][0].startswith("node pve2 failed first"), st["reasons"]
     table = cli("status", run_id)
     assert table.code == 100 and "node pve2 failed first" in table.out, table.out
+    # the table watch (the one --watch loop of cli/live.py): the run has ended, so the final view, printed once
+    drawn = cli("status", run_id, "--watch", "--hosts", "pve1,pve2", "--interval", "0.5")
+    assert drawn.code == 100 and "node pve2 failed first" in drawn.out, drawn.out
+    assert "pve1" in drawn.out and "pve2" in drawn.out and "crashed" in drawn.out
