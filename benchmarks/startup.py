@@ -49,7 +49,10 @@ def hosts_with_persist(base: Path, seconds: float) -> Path | None:
     from dflashctl.errors import ConfigError
 
     path = base.with_name(f"hosts-persist-{seconds:g}.toml")
-    path.write_text(base.read_text().replace("[hosts.pve]\n", f"[hosts.pve]\npersist = {seconds:g}\n", 1))
+    head, _, rest = base.read_text().partition("[hosts.pve]\n")
+    body, nxt, tail = rest.partition("\n[")  # the pve entry's own lines: any `persist` of the harness's goes
+    body = "\n".join(line for line in body.split("\n") if not line.startswith("persist ="))
+    path.write_text(f"{head}[hosts.pve]\npersist = {seconds:g}\n{body}{nxt}{tail}")
     try:
         load_inventory(path)
     except ConfigError:

@@ -123,9 +123,10 @@ def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset
                       log_inode=log_inode, pids=pids, events=events, xid=xid and not paired)
     if paired:
         res = target.run_host(["python3", "-c", hostpair_source(), str(target.host.container), target.host.python,
-                               *args], stdin=build_script().encode(), timeout=timeout)
+                               loader_source(), *args], stdin=build_script().encode(), timeout=timeout)
     else:
-        res = target.python(build_script(), *args, timeout=timeout)
+        res = target.run([target.host.python, "-c", loader_source(), *args], stdin=build_script().encode(),
+                         timeout=timeout)
     docs = parse_frames(res.stdout)
     main = [d for d in docs if "xid" not in d] if paired else docs
     if not main:
@@ -147,6 +148,13 @@ def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset
 def hostpair_source() -> str:
     """agent/hostpair.py as it travels (an argument to `python3 -c`; the probe itself goes on stdin)."""
     return module_source("hostpair")
+
+
+@lru_cache(maxsize=1)
+def loader_source() -> str:
+    """agent/codecache.py as it travels (`PYTHON -c` it, the probe on stdin): the probe runs from the target's
+    compiled-code cache instead of being compiled again on every call."""
+    return module_source("codecache")
 
 
 def probe_stream(target: Target, workspace: str, run: str | None, log_offset: int | None, interval: float,

@@ -19,9 +19,9 @@ from dflashctl.agent.probe.gpus import GpuReader, gpu_report
 from dflashctl.agent.probe.logtail import read_log
 from dflashctl.agent.probe.logwait import LogWaiter
 from dflashctl.agent.probe.procs import host_gpu_procs, scan_procs
+from dflashctl.agent.probe.version import PROBE_VERSION
 from dflashctl.agent.probe.xid import xid_report
 
-PROBE_VERSION = 1  # the report's own version (its fields are the contract with `status`)
 CAPTURE_MAX = 1 << 20  # a saved stack capture larger than this is not sent with the status report
 EVENTS_MAX = 64 << 10  # of a run's events.jsonl (the sentinel's timeline: a few hundred bytes per event)
 

@@ -1,0 +1,149 @@
+"""Where a one-shot `status --json` over ssh spends its time (issue 16): each step a new process, measured alone.
+
+    .venv/bin/python benchmarks/status_breakdown.py [--calls 11] [--out benchmarks/results/status_breakdown.md]
+
+Loopback sshd + `pct` stand-in + nvidia-smi stand-in (benchmarks/loopback.py), a run frozen on a 700 kB log. Rows:
+ssh's floor, `pct exec`'s, a container interpreter's, the probe in the container compiled from source (as before)
+and from the compiled-code cache (agent/codecache.py), the Proxmox host's kernel-log side as a second interpreter
+running the whole probe (as before) and as the small xid module (now in-process in hostpair), the laptop side alone
+(parse + judge + print of a recorded reply, a new process), and the whole status with persist = 0 and a warm master.
+Rows alternate call by call; each gives the median wall time and the median machine CPU (all processes, /proc/stat:
+sshd and the container are not our children) per call. Needs root and sshd.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from loopback import DFLASHCTL, ROOT, frozen_run, loopback_pve, why_sshd_cannot_run
+from startup import exported, hosts_with_persist
+
+from dflashctl.remote.probe import build_script, loader_source, probe_args
+from dflashctl.remote.scripts import module_source
+
+LAPTOP = """
+import json, sys
+from dflashctl.commands.status import with_events
+from dflashctl.analysis.watcher import Watcher
+from dflashctl.analysis.logscan import LogScanner
+from dflashctl.commands._runs import host_progress, host_thresholds
+from dflashctl.config import load_inventory
+from dflashctl.report import parse_report
+from dflashctl.cli.common import print_json
+host = load_inventory().get(None)
+doc = parse_report(json.loads(sys.stdin.read()))
+view = with_events(Watcher(host.name, host_thresholds(host), scanner=LogScanner(host_progress(host))).update(doc), doc)
+print_json(view.to_record())
+"""
+
+
+def machine_cpu() -> float:
+    """Seconds of CPU all processes used so far (user + nice + system + irq + softirq)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:8]]
+    return (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / os.sysconf("SC_CLK_TCK")
+
+
+def once(argv: list[str], env: dict[str, str], stdin: bytes | None) -> tuple[float, float, bytes]:
+    """(wall seconds, machine CPU seconds, stdout) of one new process; its stderr when it has no stdout."""
+    c0, t0 = machine_cpu(), time.perf_counter()
+    res = subprocess.run(argv, input=stdin, capture_output=True, env=env, timeout=120, check=False)
+    dt, dc = time.perf_counter() - t0, machine_cpu() - c0
+    return dt, dc, res.stdout or f"exit {res.returncode}: ".encode() + res.stderr[-300:]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=11)
+    ap.add_argument("--before", default="5eaf9fb", help="the tree to compare the whole status with (git rev)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "status_breakdown.md"))
+    args = ap.parse_args()
+    reason = why_sshd_cannot_run()
+    if reason:
+        print(f"cannot run: {reason}")
+        return 2
+    load = os.getloadavg()
+    with loopback_pve("dflash-breakdown-") as (sshd, pve):
+        env = {k: v for k, v in {**os.environ, **sshd.env}.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        run_dir = frozen_run(pve, "20261201-2300-breakdown")
+        ct = str(pve.ctid)
+
+        def ssh(command: str) -> list[str]:
+            argv = sshd.ssh_argv(command)
+            return [argv[0], "-o", "ControlMaster=no", *argv[1:]]
+
+        pargs = probe_args("/workspace/dflash", run_dir.name, events=True)
+        probe_src = build_script().encode()
+        xid_only = module_source("probe.xid") + "\nxid_report()\n"
+        pct = ["pct", "exec", ct, "--"]
+        off, on = hosts_with_persist(pve.hosts_file, 0), hosts_with_persist(pve.hosts_file, 120)
+        status = [str(DFLASHCTL), "status", "--json"]
+        mod = [sys.executable, "-P", "-m", "dflashctl", "status", "--json"]  # -P: the tree PYTHONPATH names
+        old = exported(args.before)
+        reply = subprocess.run([*pct, "python3", "-", *pargs], input=probe_src, capture_output=True, env=env,
+                               check=True).stdout.decode().split(" ", 1)[1]
+        recorded = json.dumps(json.loads(reply)["doc"]).encode()
+        rows: dict[str, tuple[list[str], dict[str, str], bytes | None]] = {
+            "ssh host true": (ssh("true"), env, None),
+            "ssh host pct exec CT -- true": (ssh(" ".join([*pct, "true"])), env, None),
+            "ssh host pct exec CT -- python3 -c pass": (ssh(" ".join([*pct, "python3", "-c", "pass"])), env, None),
+            "probe in the container, compiled from source (before)": ([*pct, "python3", "-", *pargs], env, probe_src),
+            "probe in the container, from the code cache (now)": ([*pct, "python3", "-c", loader_source(), *pargs],
+                                                                  env, probe_src),
+            "host's xid side: python3 - --xid, whole probe (before)": (["python3", "-", "--xid"], env, probe_src),
+            "host's xid side: the xid module alone (now: in hostpair)": (["python3", "-c", xid_only], env, None),
+            "laptop side alone: parse + judge + print a recorded reply": ([sys.executable, "-c", LAPTOP], env,
+                                                                          recorded),
+            "dflashctl status --json, persist = 0": (status, {**env, "DFLASHCTL_HOSTS": str(off)}, None),
+            "dflashctl status --json, warm master": (status, {**env, "DFLASHCTL_HOSTS": str(on)}, None),
+            "python -m dflashctl status --json, persist = 0": (mod, {**env, "DFLASHCTL_HOSTS": str(off)}, None),
+            f"python -m dflashctl status --json, persist = 0, before ({args.before})":
+                (mod, {**env, "DFLASHCTL_HOSTS": str(off), "PYTHONPATH": str(old)}, None),
+        }
+        for name, (argv, e, stdin) in rows.items():  # untimed: bytecode, the code cache, the master
+            _, _, out = once(argv, e, stdin)
+            if "dflashctl" in name or name.startswith("laptop"):  # a fast wrong answer is no answer
+                assert out.startswith(b"{") and json.loads(out).get("verdict"), (name, out[:300])
+        wall: dict[str, list[float]] = {k: [] for k in rows}
+        cpu: dict[str, list[float]] = {k: [] for k in rows}
+        for _ in range(args.calls):
+            for name, (argv, e, stdin) in rows.items():
+                dt, dc, _ = once(argv, e, stdin)
+                wall[name].append(dt)
+                cpu[name].append(dc)
+        imports = subprocess.run([sys.executable, "-X", "importtime", "-c", "import dflashctl.cli.status"],
+                                 capture_output=True, env=env, check=True).stderr.decode().splitlines()
+        shutil.rmtree(old, ignore_errors=True)
+        subprocess.run([str(DFLASHCTL), "hosts", "disconnect"], env={**env, "DFLASHCTL_HOSTS": str(on)},
+                       capture_output=True, timeout=60, check=False)
+    times = [line.split(":", 1)[1].split("|") for line in imports if line.startswith("import time:")]
+    times = [(int(a), int(b), c.strip()) for a, b, c in times if a.strip().isdigit()]
+    total_us = sum(own for own, _, _ in times)
+    heavy = sorted(((cum, name) for _, cum, name in times), reverse=True)[:8]
+    out = [f"# status --json over ssh, step by step ({time.strftime('%Y-%m-%d %H:%M:%S %Z')})", "",
+           f"{os.cpu_count()} CPUs (shared), load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} at the start; "
+           f"{args.calls} calls a row, alternating, after one untimed call a row; each call a new process. "
+           "CPU = the whole machine's CPU seconds during the call (sshd, container and all; other load included).",
+           "", "Command: `.venv/bin/python benchmarks/status_breakdown.py`", "",
+           "| step | median wall | median machine CPU |", "|---|---:|---:|"]
+    for name in rows:
+        out.append(f"| {name} | {statistics.median(wall[name]) * 1000:.0f} ms | "
+                   f"{statistics.median(cpu[name]) * 1000:.0f} ms |")
+    out += ["", f"`python -X importtime -c 'import dflashctl.cli.status'`: {total_us / 1000:.0f} ms self time in all; "
+            "the largest cumulative: " + ", ".join(f"{name} {us / 1000:.0f} ms" for us, name in heavy)]
+    text = "\n".join(out) + "\n"
+    print(text)
+    Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
