@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from harness.envs import PveEnv, toml_str  # noqa: E402
-from harness.sshd import SshdServer, why_sshd_cannot_run  # noqa: E402
+from harness.sshd import SshdServer  # noqa: E402
+from loopback import publish, result_path, sshd_missing  # noqa: E402
 from status.runprog import start_in_container  # noqa: E402
 
 DFLASHCTL = Path(sys.executable).parent / "dflashctl"
@@ -110,11 +111,9 @@ def main() -> int:
     ap.add_argument("--hosts", default="1,4,16")
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--delay-ms", type=float, default=25.0)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fanout.md"))
+    ap.add_argument("--out", default=result_path("fanout.md"))
     args = ap.parse_args()
-    reason = why_sshd_cannot_run()
-    if reason:
-        print(f"cannot run: {reason}")
+    if sshd_missing():
         return 2
     counts = [int(x) for x in args.hosts.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="dflash-fanout-"))
@@ -174,10 +173,7 @@ def main() -> int:
         label = "new ssh connection per host (persist = 0)" if persist == 0 else "warm connection masters"
         out.append(f"| {label} | {n} | {med:.3f} s | {mn:.3f} s | {med / one:.2f} | {cpu:.2f} s | {floor:.2f} s | "
                    f"{med - floor:.2f} s |")
-    text = "\n".join(out) + "\n"
-    print(text)
-    Path(args.out).write_text(text)
-    return 0
+    return publish(out, args.out)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,28 @@ def timed(argv: Sequence[str], env: dict[str, str]) -> tuple[float, bytes]:
     return time.perf_counter() - t0, res.stdout
 
 
+def sshd_missing() -> bool:
+    """True, having said why, where the loopback sshd cannot run here (the script then exits 2)."""
+    reason = why_sshd_cannot_run()
+    if reason:
+        print(f"cannot run: {reason}")
+    return bool(reason)
+
+
+def result_path(name: str) -> str:
+    """Where a benchmark's table is saved by default."""
+    return str(ROOT / "benchmarks" / "results" / name)
+
+
+def publish(lines: list[str], out: str | Path) -> int:
+    """The table printed and saved under benchmarks/results/ (the script's exit status: 0)."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(text)
+    return 0
+
+
 def summary(seconds: list[float]) -> tuple[float, float]:
     """(median, best) of one row's calls."""
     return statistics.median(seconds), min(seconds)

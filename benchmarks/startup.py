@@ -32,11 +32,13 @@ from loopback import (
     ROOT,
     frozen_run,
     loopback_pve,
+    publish,
     raw_oneliner,
+    result_path,
+    sshd_missing,
     summary,
     timed,
     wait_for,
-    why_sshd_cannot_run,
 )
 from status.runprog import start_local
 
@@ -102,11 +104,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=15)
     ap.add_argument("--before", default=BEFORE, help="the tree to compare version and --help with")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "startup.md"))
+    ap.add_argument("--out", default=result_path("startup.md"))
     args = ap.parse_args()
-    reason = why_sshd_cannot_run()
-    if reason:
-        print(f"cannot run: {reason}")
+    if sshd_missing():
         return 2
     import typer
 
@@ -187,11 +187,7 @@ def main() -> int:
             if local_proc is not None:
                 local_proc.kill()
                 local_proc.wait()
-    text = "\n".join(out) + "\n"
-    print(text)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    return 0
+    return publish(out, args.out)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from loopback import DFLASHCTL, ROOT, frozen_run, loopback_pve, why_sshd_cannot_run
+from loopback import DFLASHCTL, frozen_run, loopback_pve, publish, result_path, sshd_missing
 from startup import exported, hosts_with_persist
 
 from dflashctl.remote.probe import build_script, loader_source, probe_args
@@ -64,11 +63,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=11)
     ap.add_argument("--before", default="5eaf9fb", help="the tree to compare the whole status with (git rev)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "status_breakdown.md"))
+    ap.add_argument("--out", default=result_path("status_breakdown.md"))
     args = ap.parse_args()
-    reason = why_sshd_cannot_run()
-    if reason:
-        print(f"cannot run: {reason}")
+    if sshd_missing():
         return 2
     load = os.getloadavg()
     with loopback_pve("dflash-breakdown-") as (sshd, pve):
@@ -139,10 +136,7 @@ def main() -> int:
                    f"{statistics.median(cpu[name]) * 1000:.0f} ms |")
     out += ["", f"`python -X importtime -c 'import dflashctl.cli.status'`: {total_us / 1000:.0f} ms self time in all; "
             "the largest cumulative: " + ", ".join(f"{name} {us / 1000:.0f} ms" for us, name in heavy)]
-    text = "\n".join(out) + "\n"
-    print(text)
-    Path(args.out).write_text(text)
-    return 0
+    return publish(out, args.out)
 
 
 if __name__ == "__main__":

@@ -42,10 +42,11 @@ from loopback import (
     frozen_run,
     loopback_pve,
     raw_oneliner,
+    result_path,
+    sshd_missing,
     start_in_container,
     timed,
     wait_for,
-    why_sshd_cannot_run,
 )
 from probe_cpu import before_tree, probe_cpu, probe_script
 
@@ -93,11 +94,9 @@ def main() -> int:
     ap.add_argument("--idle-s", type=float, default=30.0, help="seconds of each CPU row")
     ap.add_argument("--before", help="the commit to compare with (default: the one before agent/probe/logwait.py)")
     ap.add_argument("--calls", type=int, default=10)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "status_latency.txt"))
+    ap.add_argument("--out", default=result_path("status_latency.txt"))
     args = ap.parse_args()
-    reason = why_sshd_cannot_run()
-    if reason:
-        print(f"cannot run: {reason}")
+    if sshd_missing():
         return 2
     out = [f"status benchmark: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {os.cpu_count()} CPUs, "
            f"load {os.getloadavg()[0]:.1f}; loopback sshd + pct stand-in + nvidia-smi stand-in (8 GPUs)"]
