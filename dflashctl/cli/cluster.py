@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from dflashctl.model import Cluster, Host
 
 ClusterOpt = typer.Option(None, "--cluster", metavar="NAME",
-                          help="a [clusters.NAME] of hosts.toml: every host of it (or give --hosts pve1,pve2)")
+                          help="a \\[clusters.NAME] table of hosts.toml: every host of it (or give --hosts pve1,pve2)")
 # The verbs that work across hosts take `--hosts pve1,pve2` (the spelling) beside `--hosts FILE`
 HostsOrListOpt = typer.Option(None, "--hosts", metavar="FILE|H1,H2",
                               help="hosts.toml to use (else $DFLASHCTL_HOSTS, ./hosts.toml, "
