@@ -75,6 +75,29 @@ def _grace_then_kill(live: list, grace_s: float) -> dict:
     return results
 
 
+def _mark(run_dir: str, pid: int) -> None:
+    """The `stopped` marker: the user stopped this run (status reads it; the supervisor records the stop's code)."""
+    write_atomic(os.path.join(run_dir, "stopped"),
+                 json.dumps({"by": "dflashctl stop", "time": time.time(), "pid": pid}).encode())
+
+
+def _ours_alive(pid: int | None, run_id: str) -> bool:
+    st = proc_stat(pid) if pid else None
+    return st is not None and st["state"] not in ("Z", "X") and proc_marker(pid) == run_id
+
+
+def mark(spec: dict) -> int:
+    """spec: {"run_dir", "run_id"}: the marker alone, on a run that is alive (its pid carries our marker). A run
+    across hosts marks every node before any is signalled (commands/cluster_runs.stop_all): a node whose workers
+    end because a peer's did, before its own stop arrives, then reads as stopped, not crashed."""
+    run_dir = spec["run_dir"]
+    pid = read_int(os.path.join(run_dir, "pid"))
+    alive = _ours_alive(pid, spec["run_id"])
+    if alive:
+        _mark(run_dir, pid)
+    return reply({"marked": alive, "pid": pid})
+
+
 def stop(spec: dict) -> int:
     """spec: {"run_dir", "run_id", "grace_s", "identity"}: stop one run's process group and record it.
     identity (an adopted run's process, procfs.process_identity's record): see _stop_adopted."""
@@ -85,11 +108,9 @@ def stop(spec: dict) -> int:
     code = read_int(os.path.join(run_dir, "exit_code"))
     if pid is None and code is None:
         return _stop_waiting(run_dir, run_id, float(spec.get("grace_s", 30.0)))
-    st = proc_stat(pid) if pid else None
-    if pid is None or st is None or st["state"] in ("Z", "X") or proc_marker(pid) != run_id:
+    if not _ours_alive(pid, run_id):
         return reply({"outcome": "not-running", "exit_code": code, "pid": pid})
-    write_atomic(os.path.join(run_dir, "stopped"),
-                 json.dumps({"by": "dflashctl stop", "time": time.time(), "pid": pid}).encode())
+    _mark(run_dir, pid)
     escalated = end_group(pid, float(spec.get("grace_s", 30.0)))
     if escalated is None:  # it leads no group: the process alone
         os.kill(pid, signal.SIGTERM)
@@ -115,8 +136,7 @@ def _stop_waiting(run_dir: str, run_id: str, grace_s: float) -> int:
     sup = read_int(os.path.join(run_dir, "supervisor.pid"))
     if not sup or proc_marker(sup) != run_id:
         return reply({"outcome": "not-running", "exit_code": None, "pid": None})
-    write_atomic(os.path.join(run_dir, "stopped"),
-                 json.dumps({"by": "dflashctl stop", "time": time.time(), "pid": sup}).encode())
+    _mark(run_dir, sup)
     with contextlib.suppress(OSError):
         os.kill(sup, signal.SIGTERM)
     end = time.time() + grace_s
@@ -159,8 +179,7 @@ def _stop_adopted(spec: dict) -> int:
     def ended() -> bool:
         return not is_process(identity) and (not leads or _group_ended(pid))
 
-    write_atomic(os.path.join(run_dir, "stopped"),
-                 json.dumps({"by": "dflashctl stop", "time": time.time(), "pid": pid}).encode())
+    _mark(run_dir, pid)
     signal_it(signal.SIGTERM)
     escalated = False
     deadline = time.time() + float(spec.get("grace_s", 30.0))

@@ -7,9 +7,7 @@ each), and a node that does not answer is a row saying so, never a hang.
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,13 +15,14 @@ from typing import Any
 from dflashctl.commands import logs as logs_cmd
 from dflashctl.commands import stop as stop_cmd
 from dflashctl.commands import zombies as zombies_cmd
+from dflashctl.commands._runs import runs_dir
 from dflashctl.commands.cluster_meta import members
 from dflashctl.commands.fanout import fan_out
-from dflashctl.commands.runs import get_run
 from dflashctl.commands.status import StatusView, status_once
 from dflashctl.config import Inventory
 from dflashctl.errors import ConfigError, DflashError, ExitCode
 from dflashctl.model import Cluster, Host, Verdict
+from dflashctl.remote import scripts
 from dflashctl.remote.target import Target
 
 NODE_DEADLINE_S = 60.0
@@ -221,11 +220,8 @@ def stop_all(inv: Inventory, first: Host, member_list: list[tuple[str, int]], ru
 
 
 def _mark_stopped(t: Target, run_id: str) -> None:
-    """The reaper's `stopped` marker (it writes it again when it signals), on a node whose run is alive."""
-    info, _doc = get_run(t, run_id)
-    if info.alive:
-        t.write_file(f"{info.dir}/stopped", json.dumps({"by": "dflashctl stop", "time": time.time(),
-                                                        "pid": info.pid, "across": True}).encode())
+    """The reaper's `stopped` marker alone, on a node whose run is alive (agent/reaper.py mark)."""
+    scripts.call(t, "reaper", "mark", {"run_dir": f"{runs_dir(t.host.workspace)}/{run_id}", "run_id": run_id})
 
 
 def tails(inv: Inventory, first: Host, member_list: list[tuple[str, int]], run_id: str, lines: int,
