@@ -32,9 +32,10 @@ def help_request(argv: list[str]) -> bool:
     return bool(argv) and argv[-1] in HELP_FLAGS and all(_WORD.match(w) for w in argv[:-1])
 
 
-def cache_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+def cache_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> Path | None:
+    """~/.cache/dflashctl/help ($XDG_CACHE_HOME); None without an absolute home (never a folder under the cwd)."""
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dflashctl" / "help"
+    return Path(base) / "dflashctl" / "help" if os.path.isabs(base) else None
 
 
 def code_roots() -> list[Path]:
@@ -120,10 +121,10 @@ class _BufferTee:
 
 def answer(argv: list[str], run: Callable[[], int]) -> int:
     """Print the cached help for argv, or run `run` (the typer app), store what it printed and return its code."""
-    if os.environ.get("DFLASHCTL_NO_HELP_CACHE") == "1":
+    folder = cache_dir()
+    if os.environ.get("DFLASHCTL_NO_HELP_CACHE") == "1" or folder is None or not hasattr(sys.stdout, "buffer"):
         return run()
     try:
-        folder = cache_dir()
         fingerprint = code_fingerprint()
         path = folder / f"{fingerprint}-{render_key(argv, sys.stdout)}.txt"
     except OSError:

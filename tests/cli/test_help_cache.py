@@ -103,3 +103,12 @@ def test_entries_of_an_older_code_version_are_removed_when_a_new_one_is_stored(t
 ])
 def test_only_plain_command_words_then_a_help_flag_are_answered_from_the_cache(argv: list[str], wanted: bool) -> None:
     assert helpcache.help_request(argv) is wanted
+
+
+def test_without_an_absolute_home_nothing_is_cached_under_the_working_directory(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DFLASHCTL_NO_HELP_CACHE", "XDG_CACHE_HOME")}
+    env["HOME"] = "relative-home"
+    p = subprocess.run([sys.executable, "-c", _ENTRY, "--help"], capture_output=True, timeout=120, env=env,
+                       cwd=tmp_path)
+    assert p.returncode == 0 and b"Usage" in p.stdout
+    assert list(tmp_path.iterdir()) == []
