@@ -18,6 +18,7 @@ from harness.envs import LocalEnv, PveEnv  # noqa: E402
 from harness.sshd import SshdServer, why_sshd_cannot_run  # noqa: E402
 
 SSHD_FIXTURES = {"sshd_server", "pve"}
+os.environ["DFLASHCTL_NO_SERVER"] = "1"  # no command server outlives a test (tests/cli/test_cmdserver.py: its own)
 
 
 HF_SUITE = Path(__file__).resolve().parent / "trainer_hf"

@@ -113,7 +113,9 @@ def hosts_disconnect(
     names: list[str] | None = typer.Argument(None, metavar="HOST", help="hosts whose ssh master to end (default: all)"),
     hosts: Path | None = HostsOpt,
 ) -> None:
-    """End the background ssh connection masters (all of yours, or those of HOST). Exit 0 also when none runs."""
+    """End the background ssh connection masters (all of yours, or those of HOST), and without HOST the command
+    server too. Exit 0 also when none runs."""
+    from dflashctl import cmdclient
     from dflashctl.commands.hosts import disconnect
     from dflashctl.config import load_inventory
 
@@ -123,3 +125,6 @@ def hosts_disconnect(
         console.print(f"ended the ssh master for {escape(m.host)} ({escape(m.endpoint)}, pid {m.pid})")
     if not ended:
         console.print("no ssh master was running" + (f" for {', '.join(map(escape, names))}" if names else ""))
+    server = None if names else cmdclient.stop()
+    if server is not None:
+        console.print(f"ended the command server (pid {server})")

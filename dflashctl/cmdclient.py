@@ -1,0 +1,303 @@
+"""The command server's client (cmdserver.py): an eligible command line runs in a child forked by a per-user server
+that has the CLI imported already, instead of paying ~0.3 s of imports and first-call set-up in this process.
+
+stdlib only and small: entry.py imports it on every call. For an eligible command line (`eligible`, a textual check)
+it dials the server's socket, checks that the server is ours (SO_PEERCRED), passes its stdin/stdout/stderr (SCM_RIGHTS)
+with argv, cwd, environment, umask, sys.path, the streams' encodings and the key (`server_key`: our code's
+fingerprint, the one helpcache.py keys help on, plus the interpreter and the environment read at import), then waits
+for the child's exit code. Ctrl-C, SIGTERM and SIGHUP are forwarded to the child; a child killed by a signal this
+client forwarded kills this client with it (as a normal run would die), a child killed by another signal (a crash)
+gives one line on stderr and exit 128 + the signal number. When there is no server, or its key is another, `run`
+returns None and the command runs in this process as always, leaving a server starting in the background.
+
+Where: `$DFLASHCTL_STATE_DIR/cmdserver`, else `$XDG_RUNTIME_DIR/dflashctl/cmdserver`, else
+`~/.cache/dflashctl/cmdserver` (0700, ours); in it `server.sock` (0600), `server.json` (pid, started_at, key),
+`server.lock` (held by the live server for its whole life: two starts make one server), `server.log`.
+`DFLASHCTL_NO_SERVER=1` turns it off; `DFLASHCTL_SERVER_IDLE_S` (read when a server starts; default 300) is how long
+it waits for the next command before it exits; `dflashctl hosts disconnect` ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from dflashctl.helpcache import code_fingerprint
+
+PROTOCOL = 1
+IDLE_S_DEFAULT = 300.0
+MAX_SUN_PATH = 107
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Environment read when modules are imported (so a server started under other values would answer with those):
+# the interpreter's own start-up (PYTHON*, locale) and typer's module-level reads (core.py, rich_utils.py).
+_IMPORT_ENV = ("LANG", "LANGUAGE", "TYPER_USE_RICH", "TERMINAL_WIDTH", "_TYPER_FORCE_DISABLE_TERMINAL",
+               "GITHUB_ACTIONS", "FORCE_COLOR", "PY_COLORS")
+_IMPORT_ENV_PREFIXES = ("PYTHON", "LC_")
+_SHORT_WATCH = "w"  # `status -w`, also inside a bundle of short flags such as `-jw`
+
+
+def eligible(argv: list[str]) -> bool:
+    """One-shot JSON commands that neither draw live nor read the terminal: `status … --json` without --watch/-w,
+    and `runs … --json`. Textual and conservative (no second parser): anything unusual runs the normal way."""
+    if len(argv) < 2 or argv[0] not in ("status", "runs") or "--json" not in argv[1:]:
+        return False
+    for arg in argv[1:]:
+        if arg in ("--", "--help", "-h", "--watch") or arg.startswith("--watch="):
+            return False
+        if arg.startswith("-") and not arg.startswith("--") and (_SHORT_WATCH in arg or "h" in arg):
+            return False
+    return True
+
+
+def server_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+    """Absolute, so the server (started in /) and every client name the same files whatever their cwd."""
+    if env.get("DFLASHCTL_STATE_DIR"):
+        where = Path(env["DFLASHCTL_STATE_DIR"]).expanduser() / "cmdserver"
+    elif env.get("XDG_RUNTIME_DIR"):
+        where = Path(env["XDG_RUNTIME_DIR"]) / "dflashctl" / "cmdserver"
+    else:
+        where = Path("~/.cache/dflashctl/cmdserver").expanduser()
+    return Path(os.path.abspath(where))
+
+
+def ensure_dir(path: Path) -> Path:
+    """Made 0700 and checked to be ours: our terminal's file descriptors go to whoever listens in it."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return checked_dir(path)
+
+
+def checked_dir(path: Path) -> Path:
+    st = path.lstat()
+    if not path.is_dir() or path.is_symlink() or st.st_uid != os.getuid():
+        raise PermissionError(f"{path} is not a directory owned by you")
+    if st.st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def server_key(code: str | None = None) -> str:
+    """What a server must share with this process to answer for it: our code, typer's and rich's (the help cache's
+    fingerprint), then the interpreter, its flags and sys.path, and the environment read at import."""
+    env = sorted((k, v) for k, v in os.environ.items() if k in _IMPORT_ENV or k.startswith(_IMPORT_ENV_PREFIXES))
+    rest = json.dumps([PROTOCOL, sys.executable, repr(sys.flags), sys.warnoptions, sorted(sys._xoptions.items()),
+                       sys.path, sys.getfilesystemencoding(), env], default=str)
+    return f"{code or code_fingerprint()}-{hashlib.sha256(rest.encode()).hexdigest()[:16]}"
+
+
+def peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def stream_info(stream: Any) -> dict[str, Any]:
+    """How the interpreter made this standard stream (the server's child makes its own the same way)."""
+    return {"fd": stream.fileno(), "encoding": stream.encoding, "errors": stream.errors,
+            "line_buffering": stream.line_buffering, "write_through": getattr(stream, "write_through", False)}
+
+
+def request(argv: list[str], key: str) -> tuple[dict[str, Any], list[int]]:
+    streams = [stream_info(s) for s in (sys.stdin, sys.stdout, sys.stderr)]
+    fds = [s.pop("fd") for s in streams]
+    mask = os.umask(0)
+    os.umask(mask)
+    doc = {"op": "run", "key": key, "argv": [sys.argv[0], *argv], "cwd": os.getcwd(), "env": dict(os.environ),
+           "umask": mask, "path": sys.path, "streams": streams}
+    return doc, fds
+
+
+def send_doc(sock: socket.socket, doc: dict[str, Any], fds: list[int] = ()) -> None:  # type: ignore[assignment]
+    data = json.dumps(doc).encode()
+    head = struct.pack(">I", len(data))
+    if fds:
+        socket.send_fds(sock, [head], list(fds))
+    else:
+        sock.sendall(head)
+    sock.sendall(data)
+
+
+def read_lines(sock: socket.socket, buf: bytearray) -> list[dict[str, Any]] | None:
+    """The JSON lines that arrived (buf keeps a torn tail); None when the peer hung up."""
+    chunk = sock.recv(65536)
+    if not chunk:
+        return None
+    buf += chunk
+    *lines, rest = bytes(buf).split(b"\n")
+    buf[:] = rest
+    return [json.loads(line) for line in lines if line]
+
+
+def dial(path: Path) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def run(argv: list[str]) -> int | None:
+    """The command's exit code from the server's child, or None: run it here (a server is started for next time)."""
+    if os.environ.get("DFLASHCTL_NO_SERVER") == "1" or not eligible(argv):
+        return None
+    folder = server_dir()
+    sock_path = folder / "server.sock"
+    if len(os.fsencode(str(sock_path))) > MAX_SUN_PATH:
+        return None
+    key = server_key()
+    try:
+        checked_dir(folder)
+        sock = dial(sock_path)
+    except OSError:
+        sock = None
+    if sock is None:
+        start(folder, key)
+        return None
+    with sock:
+        try:
+            if peer_uid(sock) != os.getuid():
+                return None
+            doc, fds = request(argv, key)
+            send_doc(sock, doc, fds)
+            return _wait(sock, folder, key)
+        except (OSError, ValueError, AttributeError):
+            return None  # nothing started (a started child always answers before anything else can fail)
+
+
+def _wait(sock: socket.socket, folder: Path, key: str) -> int | None:
+    """Forward our signals until the child's end comes back. Before the server's "accepted" nothing has run (None:
+    run it here); after it the command is the child's, and only the child's end decides the exit code."""
+    buf = bytearray()
+    sent: set[int] = set()
+    pending: list[int] = []
+    accepted = False
+
+    def forward(signum: int, _frame: object) -> None:
+        if not accepted:
+            pending.append(signum)
+            return
+        sent.add(signum)
+        with contextlib.suppress(OSError):
+            send_doc(sock, {"op": "signal", "signal": signum})
+
+    old = {s: signal.getsignal(s) for s in FORWARDED}
+    for s, h in old.items():
+        if h is not signal.SIG_IGN:
+            signal.signal(s, forward)
+    docs = read_lines(sock, buf)
+    while docs == []:
+        docs = read_lines(sock, buf)
+    if not docs or not docs[0].get("accepted"):
+        for s, h in old.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        for s in pending:
+            signal.raise_signal(s)  # as if it had come now, to a command running here
+        if docs and docs[0].get("stale"):
+            start(folder, key)  # the old server is on its way out; the next command finds the new one
+        return None
+    accepted = True
+    for s in pending:
+        forward(s, None)
+    docs = docs[1:]
+    while True:
+        for d in docs:
+            if "exit" in d:
+                return int(d["exit"])
+            if "signal" in d:
+                return _killed(int(d["signal"]), sent)
+        docs = read_lines(sock, buf)
+        if docs is None:
+            sys.stderr.write("ERROR: the dflashctl command server went away while the command ran; run it again "
+                             "(DFLASHCTL_NO_SERVER=1 runs it without the server)\n")
+            return 1
+
+
+def _killed(signum: int, sent: set[int]) -> int:
+    """The child died of a signal: of one we forwarded, we die of it too (exactly what a normal run does); of any
+    other, one line and 128 + the signal number."""
+    sys.stdout.flush()
+    if signum in sent:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    sys.stderr.write(f"ERROR: the command was killed by {name} (in the dflashctl command server); run it again "
+                     "with DFLASHCTL_NO_SERVER=1 to see it without the server\n")
+    return 128 + signum
+
+
+def start(folder: Path, key: str) -> None:
+    """Start a server in the background unless one is alive or starting (it holds server.lock for its whole life).
+    The server is detached: its own session, nobody's child once the first fork has exited."""
+    try:
+        ensure_dir(folder)
+        with open(folder / "server.lock", "a") as lock:
+            os.chmod(folder / "server.lock", 0o600)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # a server holds it: alive, starting, or on its way out
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        log = os.open(folder / "server.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            root = str(Path(__file__).resolve().parent.parent)
+            boot = "import sys; sys.path[:] = __import__('json').loads(sys.argv[1]); " \
+                   "from dflashctl.cmdserver import main; sys.exit(main(sys.argv[2:]))"
+            proc = subprocess.Popen(
+                [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", boot,  # type: ignore[attr-defined]
+                 json.dumps([root, *sys.path]), str(folder), key],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, cwd="/", start_new_session=True,
+                close_fds=True)
+        finally:
+            os.close(log)
+        proc.wait()  # the first process forks the server and exits at once
+    except OSError:
+        pass  # no server this time: the command has run (or will) the normal way
+
+
+def stop(folder: Path | None = None, timeout: float = 10.0) -> int | None:
+    """End this user's command server (`hosts disconnect`): its pid once it has gone, or None when none ran. The
+    commands in flight finish; the next eligible command starts a new server."""
+    folder = folder or server_dir()
+    sock = dial(folder / "server.sock")
+    if sock is None:
+        return None
+    with sock:
+        try:
+            sock.settimeout(timeout)
+            if peer_uid(sock) != os.getuid():
+                return None
+            send_doc(sock, {"op": "quit"})
+            docs = read_lines(sock, bytearray()) or [{}]
+        except (OSError, ValueError):
+            return None
+    pid = docs[0].get("pid")
+    if not isinstance(pid, int):
+        return None
+    _gone(pid, timeout)
+    return pid
+
+
+def _gone(pid: int, timeout: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if b"dflashctl.cmdserver" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return
+        except OSError:
+            return
+        time.sleep(0.02)

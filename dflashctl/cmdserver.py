@@ -1,0 +1,349 @@
+"""The command server: a per-user background process that has imported the CLI, forking one child per command.
+
+A one-shot `status --json` spends ~0.3 s in this laptop's interpreter before and after its one round trip (imports,
+regex tables, first-call set-up); a child forked from a process that has all of that done starts in a millisecond.
+The child runs the ordinary typer app (cli/__init__.py main) with the client's argv, cwd, environment, umask,
+sys.path and standard streams (the client's own file descriptors, passed over the socket), so its parsing, errors,
+output and exit code are the CLI's own. cmdclient.py is the client and documents the files, the key and the knobs.
+
+The server: started by cmdclient.start under `server.lock` (which it holds for its whole life), it forks once (the
+starter reaps that at once: the server is nobody's child), imports the CLI and what a one-shot status or runs needs
+(WARM; paramiko too, for `persist = 0` hosts), checks that its code did not change meanwhile, then binds
+`server.sock` (0600, renamed over a stale one) and serves in one thread: a select loop over the listener, each
+client's socket (a forwarded signal, or a hang-up: the child gets SIGHUP) and each child's pidfd (its end goes back
+as {"exit": code} or {"signal": n}). It answers only clients of its own uid (SO_PEERCRED) and key (another key:
+{"stale": true}, and it exits), never forks while it has a thread, and exits after DFLASHCTL_SERVER_IDLE_S (default
+300) without a command, on a quit request (`hosts disconnect`), on SIGTERM, or when its socket file is removed or
+replaced. Nothing is read from the environment at import by our code (tests/cli/test_cmdserver.py changes
+DFLASHCTL_STATE_DIR, DFLASHCTL_HOSTS, DFLASHCTL_KNOWN_HOSTS and HOME between calls through one server); what typer
+reads at import is part of the key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib
+import io
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dflashctl import cmdclient as client
+from dflashctl.helpcache import code_fingerprint
+
+POLL_S = 0.5
+# Imported before the first fork: what `status --json` and `runs --json` import on their way (local or ssh, through
+# a connection master or not), so that no child pays for it.
+WARM = ("dflashctl.cli", "dflashctl.commands.status", "dflashctl.commands.runs", "dflashctl.remote",
+        "dflashctl.remote.target", "dflashctl.remote.probe", "dflashctl.remote.masterclient", "dflashctl.remote.ssh",
+        "dflashctl.analysis.health", "dflashctl.config", "dflashctl.model", "rich.console", "rich.text",
+        "rich.markup", "tomllib", "tempfile", "shlex", "queue", "concurrent.futures")
+
+
+@dataclass
+class Child:
+    pid: int
+    conn: socket.socket
+    buf: bytearray = field(default_factory=bytearray)
+    hung_up: bool = False
+
+
+@dataclass
+class Server:
+    folder: Path
+    key: str
+    idle_s: float
+    lock: Any = None  # the open server.lock: held for as long as this server may take commands
+    listener: socket.socket | None = None
+    inode: int | None = None
+    children: dict[int, Child] = field(default_factory=dict)  # by pidfd
+    last: float = field(default_factory=time.monotonic)
+    why: str | None = None
+
+    @property
+    def sock_path(self) -> Path:
+        return self.folder / "server.sock"
+
+    def listen(self) -> None:
+        """Bound under a temporary name with umask 0177 (0600 from the start), then renamed over the real one."""
+        tmp = self.folder / f".server.{os.getpid()}.sock"
+        tmp.unlink(missing_ok=True)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            self.listener.bind(str(tmp))
+        finally:
+            os.umask(old)
+        self.listener.listen(64)
+        os.replace(tmp, self.sock_path)
+        self.inode = self.sock_path.stat().st_ino
+        info = self.folder / f".server.{os.getpid()}.json"
+        fd = os.open(info, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "w") as f:
+            json.dump({"pid": os.getpid(), "started_at": time.time(), "key": self.key, "idle_s": self.idle_s}, f)
+        os.replace(info, self.folder / "server.json")
+
+    def ours(self) -> bool:
+        try:
+            return self.sock_path.stat().st_ino == self.inode
+        except OSError:
+            return False
+
+    def serve(self) -> str:
+        assert self.listener is not None
+        while self.why is None:
+            watched: list[Any] = [self.listener, *self.children, *(c.conn for c in self.children.values())]
+            ready, _, _ = select.select(watched, [], [], POLL_S)
+            for r in ready:
+                if r is self.listener:
+                    self.accept()
+                elif isinstance(r, int):
+                    self.reap(r)
+                else:
+                    self.from_client(r)
+            if not self.children and time.monotonic() - self.last >= self.idle_s:
+                self.why = "idle"
+            elif not self.ours():
+                self.why = "socket removed"
+        return self.why
+
+    def accept(self) -> None:
+        assert self.listener is not None
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        self.last = time.monotonic()
+        try:
+            conn.settimeout(10)
+            if client.peer_uid(conn) != os.getuid():
+                conn.close()  # another user's process: not a byte, no descriptor
+                return
+            doc, fds = recv_request(conn)
+        except (OSError, ValueError, KeyError):
+            conn.close()
+            return
+        try:
+            if doc.get("op") == "quit":
+                self.why = "quit"
+                _say(conn, {"quit": True, "pid": os.getpid()})
+            elif doc.get("key") != self.key:
+                self.why = "stale"  # our code, typer, rich or the interpreter changed: a new server for the new
+                _say(conn, {"stale": True})
+            elif threading.active_count() != 1 or len(fds) != 3:
+                _say(conn, {"refused": "threads" if len(fds) == 3 else "descriptors"})
+                self.why = "threads" if len(fds) == 3 else None
+            else:
+                self.fork(conn, doc, fds)
+                return
+            conn.close()
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def fork(self, conn: socket.socket, doc: dict[str, Any], fds: list[int]) -> None:
+        _say(conn, {"accepted": True})  # from here on the command is the child's: the client never runs it again
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                keep = {conn.fileno(), *fds}
+                for other in (self.listener, *(c.conn for c in self.children.values())):
+                    if other is not None and other.fileno() not in keep:
+                        other.close()
+                for pidfd in self.children:
+                    os.close(pidfd)
+                if self.lock is not None:
+                    self.lock.close()
+                conn.close()
+                code = run_child(doc, fds)
+            except BaseException:  # noqa: BLE001 - whatever happens, the child ends here, never in the loop
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        conn.settimeout(None)
+        self.children[os.pidfd_open(pid)] = Child(pid, conn)
+
+    def from_client(self, conn: socket.socket) -> None:
+        child = next(c for c in self.children.values() if c.conn is conn)
+        try:
+            data = conn.recv(65536)
+        except OSError:
+            data = b""
+        if not data:  # the client died or hung up: its command ends as a command whose terminal went away
+            if not child.hung_up:
+                child.hung_up = True
+                _kill(child.pid, signal.SIGHUP, group=True)
+            return
+        child.buf += data
+        for doc in _frames(child.buf):  # forwarded signals, as cmdclient.send_doc frames them
+            signum = int(doc.get("signal", 0))
+            if doc.get("op") == "signal" and signum in client.FORWARDED:
+                # Ctrl-C and a closed terminal reach a whole foreground process group; `kill PID` the process
+                _kill(child.pid, signum, group=signum != signal.SIGTERM)
+
+    def reap(self, pidfd: int) -> None:
+        child = self.children.pop(pidfd)
+        _, status = os.waitpid(child.pid, 0)
+        os.close(pidfd)
+        self.last = time.monotonic()
+        end = {"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"exit": os.WEXITSTATUS(status)}
+        with contextlib.suppress(OSError):
+            _say(child.conn, end)
+        child.conn.close()
+
+    def shut(self) -> None:
+        """The socket first (the next command starts a new server), then the children in flight finish."""
+        if self.ours():
+            self.sock_path.unlink(missing_ok=True)
+            info = self.folder / "server.json"
+            try:
+                if json.loads(info.read_text()).get("pid") == os.getpid():
+                    info.unlink()
+            except (OSError, ValueError):
+                pass
+        if self.listener is not None:
+            self.listener.close()
+        if self.lock is not None:
+            self.lock.close()  # a new server may start while the commands in flight finish
+            self.lock = None
+        while self.children:
+            for pidfd in select.select(list(self.children), [], [], 5)[0] or list(self.children):
+                self.reap(pidfd)
+
+
+def _frames(buf: bytearray) -> list[dict[str, Any]]:
+    """The whole frames in buf, taken out of it (a torn one stays)."""
+    out = []
+    while len(buf) >= 4:
+        (n,) = struct.unpack(">I", buf[:4])
+        if len(buf) < 4 + n:
+            break
+        out.append(json.loads(bytes(buf[4:4 + n])))
+        del buf[:4 + n]
+    return out
+
+
+def _say(conn: socket.socket, doc: dict[str, Any]) -> None:
+    conn.sendall(json.dumps(doc).encode() + b"\n")
+
+
+def _kill(pid: int, signum: int, *, group: bool = False) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        (os.killpg if group else os.kill)(pid, signum)
+
+
+def recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """The client's request and the descriptors that came with its first bytes (close-on-exec here)."""
+    head, fds, _, _ = socket.recv_fds(conn, 4, 3, socket.MSG_CMSG_CLOEXEC)
+    while len(head) < 4:
+        more = conn.recv(4 - len(head))
+        if not more:
+            raise ValueError("client hung up")
+        head += more
+    (n,) = struct.unpack(">I", head)
+    data = bytearray()
+    while len(data) < n:
+        more = conn.recv(n - len(data))
+        if not more:
+            raise ValueError("client hung up")
+        data += more
+    return json.loads(data), list(fds)
+
+
+# -- the child ----------------------------------------------------------------------------------------------------
+def run_child(doc: dict[str, Any], fds: list[int]) -> int:
+    """Become the client's process as far as the CLI can tell, run the typer app, return its exit code."""
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.setsid()  # its own process group: a forwarded Ctrl-C reaches it and what it started, as a terminal's would
+    os.chdir(doc["cwd"])
+    os.umask(int(doc["umask"]))
+    os.environ.clear()
+    os.environ.update(doc["env"])
+    sys.path[:] = doc["path"]
+    sys.argv[:] = doc["argv"]
+    import locale
+    import tempfile
+
+    tempfile.tempdir = None  # tempfile caches the directory TMPDIR named: the client's, not the first one's
+    with contextlib.suppress(locale.Error):
+        locale.setlocale(locale.LC_CTYPE, "")
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    _streams(doc["streams"])
+    from dflashctl.cli import main
+
+    code = main()
+    import atexit
+
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+    except OSError:
+        code = 120  # what the interpreter exits with when the final flush of stdout fails
+    with contextlib.suppress(OSError):
+        sys.stderr.flush()
+    return code
+
+
+def _streams(info: list[dict[str, Any]]) -> None:
+    """sys.stdin/stdout/stderr over fds 0-2 with the client's encoding, errors and buffering."""
+    made = []
+    for fd, s in enumerate(info):
+        raw = open(fd, "rb" if fd == 0 else "wb", buffering=-1, closefd=False)  # noqa: SIM115 - sys.stdin & co.
+        made.append(io.TextIOWrapper(raw, encoding=s["encoding"], errors=s["errors"],
+                                     line_buffering=s["line_buffering"], write_through=s["write_through"]))
+    sys.stdin, sys.stdout, sys.stderr = made
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = made
+
+
+# -- start-up -----------------------------------------------------------------------------------------------------
+def main(argv: list[str]) -> int:
+    """`cmdserver FOLDER KEY` (cmdclient.start): fork into the background, take the lock, import, serve."""
+    folder, key = Path(argv[0]), argv[1]
+    if os.fork() != 0:
+        return 0  # the starter reaps this one at once: the server is nobody's child
+    lock = open(folder / "server.lock", "a")  # noqa: SIM115 - held (by this open file) for the server's whole life
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os._exit(0)  # another one started first
+    code = key.partition("-")[0]
+    for name in WARM:
+        importlib.import_module(name)
+    importlib.import_module("dflashctl.remote.sshlib").paramiko  # noqa: B018 - persist = 0 hosts take paramiko
+    from dflashctl.remote import probe
+
+    probe.build_script(), probe.hostpair_source(), probe.loader_source()  # our own files, read once
+    if code_fingerprint() != code:
+        sys.stderr.write("dflashctl cmdserver: the code changed while it started; not serving\n")
+        os._exit(0)
+    if threading.active_count() != 1:
+        sys.stderr.write("dflashctl cmdserver: a thread runs after the imports; a server that forks must have none\n")
+        os._exit(0)
+    try:
+        idle_s = float(os.environ.get("DFLASHCTL_SERVER_IDLE_S") or client.IDLE_S_DEFAULT)
+    except ValueError:
+        idle_s = client.IDLE_S_DEFAULT
+    server = Server(folder, key, idle_s, lock)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "why", "terminated"))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    server.listen()
+    why = server.serve()
+    server.shut()
+    sys.stderr.write(f"dflashctl cmdserver {os.getpid()}: exits ({why})\n")
+    os._exit(0)
