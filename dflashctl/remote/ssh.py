@@ -29,7 +29,12 @@ from dflashctl.remote.transport import Result, Transport, shell_join
 CONNECT_TIMEOUT_S = 10.0
 KEEPALIVE_S = 5
 DEAD_PEER_S = 15  # TCP_USER_TIMEOUT: unacknowledged data (keepalives included) for this long = dead
+OPEN_WAIT_S = 120.0  # the longest wait for a new channel of a command that has no timeout of its own
 _POLL_S = 0.5
+
+
+class NoChannelInTime(Exception):
+    """sshd had not answered a channel open when the command's time ran out (the caller's RemoteTimeout)."""
 
 
 class SshTransport(Transport):
@@ -192,14 +197,22 @@ class SshTransport(Transport):
 
     # -- commands ---------------------------------------------------------------------------
 
-    def _session(self) -> paramiko.Channel:
+    def _session(self, deadline: float | None = None) -> paramiko.Channel:
+        """A new channel on the live connection. The wait for sshd's answer is the command's own time (until
+        `deadline`, a time.monotonic(); OPEN_WAIT_S for a command without one), not the connect timeout: an sshd
+        that is merely slow to answer on a loaded host (seen: >10 s on a 2-CPU CI machine) is not a failed
+        connection, and a dead one is noticed at once (paramiko ends the wait when its connection dies)."""
         for attempt in (1, 2):
             t = self._transport()
+            wait = OPEN_WAIT_S if deadline is None else deadline - time.monotonic()
             try:
-                return t.open_session(timeout=self.connect_timeout)
+                return t.open_session(timeout=max(wait, 0.001))
             except (paramiko.SSHException, EOFError, OSError) as e:
-                if t.is_active() or attempt == 2:
-                    raise ConnectFailed(f"host {self.host.name}: cannot open an ssh channel ({e})") from None
+                if not t.is_active() and attempt == 1:
+                    continue  # the connection died before it answered: reconnect once
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise NoChannelInTime from None
+                raise ConnectFailed(f"host {self.host.name}: cannot open an ssh channel ({e})") from None
         raise AssertionError("unreachable")
 
     def _lost(self) -> ConnectFailed:
@@ -210,9 +223,12 @@ class SshTransport(Transport):
         self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
     ) -> Result:
         argv = tuple(argv)
-        chan = self._session()
-        out, err = bytearray(), bytearray()
         deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            chan = self._session(deadline)
+        except NoChannelInTime:
+            raise self._timed_out(argv, timeout or 0) from None
+        out, err = bytearray(), bytearray()
         try:
             chan.exec_command(shell_join(argv))
             feeder = _feed(chan, stdin)

@@ -4,10 +4,14 @@ ProxyJump, host keys and authentication."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import paramiko
@@ -146,6 +150,59 @@ def test_a_dropped_connection_raises_connect_failed_and_the_next_command_reconne
             next(lines)
         assert "connection lost" in exc.value.message
         assert t.run(["echo", "back"]).out == "back\n"
+
+
+@contextmanager
+def frozen_session(server: SshdServer, t: SshTransport) -> Iterator[Callable[[], None]]:
+    """t's own sshd session process SIGSTOPped (a host too loaded to answer): the kernel still ACKs, nothing is
+    answered. Yields thaw() (SIGCONT); the process is continued on exit whatever happens."""
+    before = set(server.session_pids())
+    t.check_connection()
+    ours = set(server.session_pids()) - before
+    assert len(ours) == 1, f"expected one new sshd session process, got {ours}"
+    pid = ours.pop()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield lambda: os.kill(pid, signal.SIGCONT)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_an_sshd_slow_to_open_a_channel_is_waited_for_within_the_commands_time(server: SshdServer) -> None:
+    # CI (2 CPUs, 4 workers) once saw a channel open take >10 s; that is the command's time, not the connect timeout
+    with SshTransport(ssh_host(server), connect_timeout=0.5) as t, frozen_session(server, t) as thaw:
+        gate = threading.Event()
+        done: list[object] = []
+
+        def command() -> None:
+            gate.set()
+            try:
+                done.append(t.run(["echo", "late"], timeout=120))
+            except Exception as e:  # noqa: BLE001 - reported below
+                done.append(e)
+
+        runner = threading.Thread(target=command)
+        runner.start()
+        gate.wait()
+        pending = t._clients[-1].get_transport().channel_events  # paramiko's opens awaiting sshd's answer
+        deadline = time.monotonic() + 60
+        while not pending and not done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pending, f"the channel open was never sent: {done}"
+        runner.join(2.0)  # sshd frozen for 4x the connect timeout after the open went out
+        assert not done, f"gave up while sshd was only slow: {done}"
+        thaw()
+        runner.join(60)
+    assert len(done) == 1 and not isinstance(done[0], Exception), done
+    assert done[0].out == "late\n"
+
+
+def test_a_channel_sshd_never_opens_within_the_commands_timeout_is_that_commands_timeout(
+    server: SshdServer
+) -> None:
+    with SshTransport(ssh_host(server)) as t, frozen_session(server, t), pytest.raises(RemoteTimeout) as exc:
+        t.run(["echo", "never"], timeout=1)
+    assert "timed out after 1s" in exc.value.message and exc.value.exit_code == RemoteTimeout.exit_code
 
 
 def test_keepalive_and_dead_peer_timeout_are_set_on_the_socket(server: SshdServer) -> None:
