@@ -4,7 +4,10 @@
 
 Rows: `dflashctl version`, `--help` (from the help cache, and with it off: DFLASHCTL_NO_HELP_CACHE=1),
 `status --json` on a local run, `status --json` over ssh (loopback sshd + pct stand-in, benchmarks/loopback.py) with
-no connection master (`persist = 0`) and with a warm one (one untimed call first). Baselines: `python -c pass` (the
+no connection master (`persist = 0`) and with a warm one (one untimed call first); each `status --json` row twice, with
+the command server warm (dflashctl/cmdserver.py: started by an untimed call, waited for) and with it off
+(DFLASHCTL_NO_SERVER=1). Masters and server live in a state directory of the run's own (DFLASHCTL_STATE_DIR),
+ended at the end with `hosts disconnect`. Baselines: `python -c pass` (the
 interpreter's floor), `ssh -o ControlMaster=no host true` (ssh's floor) and the seed's raw one-liner; and `version` /
 `--help` of the tree before issue 16 (--before REV, default the last commit before it, exported with `git archive`
 and run as `python -P -m dflashctl` beside this tree run the same way). Calls alternate between the rows of a group,
@@ -42,6 +45,8 @@ from loopback import (
 )
 from status.runprog import start_local
 
+from dflashctl import cmdclient
+
 Check = Callable[[bytes], bool]
 BEFORE = "9d0c31e"  # the tree before issue 16's start-up work (ece89f0, the next, took its first lazy imports)
 
@@ -61,6 +66,21 @@ def hosts_with_persist(base: Path, seconds: float) -> Path | None:
     except ConfigError:
         return None
     return path
+
+
+def server_warm(env: dict[str, str], argv: list[str]) -> None:
+    """Start the command server for env (an eligible call leaves one starting) and wait until it listens."""
+    timed(argv, env)
+    folder = cmdclient.server_dir(env)
+    wait_for(lambda: any(cmdclient.dial(s) for s in folder.glob("*.sock")), what="the command server")
+
+
+def with_server(rows: dict[str, tuple[list[str], dict[str, str], Check]], name: str, argv: list[str],
+                env: dict[str, str], ok: Check) -> None:
+    """Two rows for one command: the command server warm, and off (DFLASHCTL_NO_SERVER=1)."""
+    server_warm(env, argv)
+    rows[f"{name}, server warm"] = (argv, env, ok)
+    rows[f"{name}, no server"] = (argv, {**env, "DFLASHCTL_NO_SERVER": "1"}, ok)
 
 
 def exported(rev: str) -> Path:
@@ -119,11 +139,13 @@ def main() -> int:
            "(machine shared, load noisy).", "",
            "Command: `.venv/bin/python benchmarks/startup.py`"]
     local_proc = None
+    state = Path(tempfile.mkdtemp(prefix="dfs-", dir="/tmp"))  # short: UNIX socket paths
     with loopback_pve("dflash-startup-") as (sshd, pve):
         try:
             # bytecode written as a pip install has it (this machine sets PYTHONDONTWRITEBYTECODE: every start would
             # compile our modules from source, a cost no installed dflashctl pays)
             env = {k: v for k, v in {**os.environ, **sshd.env}.items() if k != "PYTHONDONTWRITEBYTECODE"}
+            env["DFLASHCTL_STATE_DIR"] = str(state)
             dfl = str(DFLASHCTL)
             old = exported(args.before)
             old_env = {**env, "PYTHONPATH": str(old)}
@@ -147,11 +169,11 @@ def main() -> int:
             run_dir, local_proc = start_local(pve.local_workspace_dir, "20261201-1900-startup", step_s=0.001)
             wait_for(lambda: (run_dir / "train.log").stat().st_size > 700_000, what="a 700 kB local log")
             local_proc.send_signal(signal.SIGSTOP)  # frozen: every call reads the same log
-            seconds = measure({
-                "python -c pass": ([sys.executable, "-c", "pass"], env, lambda o: o == b""),
-                "dflashctl status --json --host local": ([dfl, "status", "--json", "--host", "local"], env,
-                                                         is_json_status),
-            }, args.calls)
+            rows: dict[str, tuple[list[str], dict[str, str], Check]] = {
+                "python -c pass": ([sys.executable, "-c", "pass"], env, lambda o: o == b"")}
+            with_server(rows, "dflashctl status --json --host local", [dfl, "status", "--json", "--host", "local"],
+                        env, is_json_status)
+            seconds = measure(rows, args.calls)
             out += table("status --json, local host (a run with a 700 kB log)", seconds, "python -c pass", {})
 
             ssh_run = frozen_run(pve, "20261201-1901-startup")
@@ -165,25 +187,28 @@ def main() -> int:
             on = hosts_with_persist(pve.hosts_file, 120)
             status = [dfl, "status", "--json"]
             if off is not None:
-                rows["dflashctl status --json, persist = 0"] = (status, {**env, "DFLASHCTL_HOSTS": str(off)},
-                                                                is_json_status)
+                with_server(rows, "dflashctl status --json, persist = 0", status,
+                            {**env, "DFLASHCTL_HOSTS": str(off)}, is_json_status)
             else:
                 rows["dflashctl status --json (no master in this tree)"] = (status, env, is_json_status)
             master_note = "n/a (no master)"
             if on is not None:
                 warm_env = {**env, "DFLASHCTL_HOSTS": str(on)}
-                timed(status, warm_env)  # untimed: starts the master
-                rows["dflashctl status --json, warm master"] = (status, warm_env, is_json_status)
+                timed(status, {**warm_env, "DFLASHCTL_NO_SERVER": "1"})  # untimed: starts the master
+                with_server(rows, "dflashctl status --json, warm master", status, warm_env, is_json_status)
             seconds = measure(rows, args.calls)
-            goals = {"dflashctl status --json, persist = 0": "≤ 1.0× raw", "dflashctl status --json, warm master":
-                     "≤ 0.5× raw"}
+            goals = {f"dflashctl status --json, persist = 0, {s}": "≤ 1.0× raw" for s in ("server warm", "no server")}
+            goals.update({f"dflashctl status --json, warm master, {s}": "≤ 0.5× raw"
+                          for s in ("server warm", "no server")})
             out += table("status --json over ssh (loopback sshd + pct stand-in, 700 kB log)", seconds,
                          "raw one-liner (ControlMaster=no)", goals)
             if on is None:
                 out.append(f"| dflashctl status --json, warm master | {master_note} | | | ≤ 0.5× raw |")
-            else:
-                subprocess.run([dfl, "hosts", "disconnect"], env=warm_env, capture_output=True, timeout=60, check=False)
         finally:
+            # every master and the command server of this run's state dir
+            subprocess.run([dfl, "hosts", "disconnect"], env={**os.environ, "DFLASHCTL_STATE_DIR": str(state)},
+                           capture_output=True, timeout=60, check=False)
+            shutil.rmtree(state, ignore_errors=True)
             if local_proc is not None:
                 local_proc.kill()
                 local_proc.wait()

@@ -11,8 +11,10 @@ gives one line on stderr and exit 128 + the signal number. When there is no serv
 returns None and the command runs in this process as always, leaving a server starting in the background.
 
 Where: `$DFLASHCTL_STATE_DIR/cmdserver`, else `$XDG_RUNTIME_DIR/dflashctl/cmdserver`, else
-`~/.cache/dflashctl/cmdserver` (0700, ours); in it `server.sock` (0600), `server.json` (pid, started_at, key),
-`server.lock` (held by the live server for its whole life: two starts make one server), `server.log`.
+`~/.cache/dflashctl/cmdserver` (0700, ours); in it, per interpreter set-up (NAME: the part of the key that is not our
+code, so that two interpreters or flag sets in use side by side get a server each instead of replacing each other's),
+`NAME.sock` (0600), `NAME.json` (pid, started_at, key), `NAME.lock` (held by the live server for its whole life: two
+starts make one server) and `NAME.log`.
 `DFLASHCTL_NO_SERVER=1` turns it off; `DFLASHCTL_SERVER_IDLE_S` (read when a server starts; default 300) is how long
 it waits for the next command before it exits; `dflashctl hosts disconnect` ends it.
 """
@@ -27,7 +29,6 @@ import os
 import signal
 import socket
 import struct
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,11 @@ def server_key(code: str | None = None) -> str:
     return f"{code or code_fingerprint()}-{hashlib.sha256(rest.encode()).hexdigest()[:16]}"
 
 
+def place(folder: Path, key: str, ext: str) -> Path:
+    """A file of the server for `key` (see the module docstring)."""
+    return folder / f"{key.rpartition('-')[2]}.{ext}"
+
+
 def peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
@@ -151,10 +157,10 @@ def run(argv: list[str]) -> int | None:
     if os.environ.get("DFLASHCTL_NO_SERVER") == "1" or not eligible(argv):
         return None
     folder = server_dir()
-    sock_path = folder / "server.sock"
+    key = server_key()
+    sock_path = place(folder, key, "sock")
     if len(os.fsencode(str(sock_path))) > MAX_SUN_PATH:
         return None
-    key = server_key()
     try:
         checked_dir(folder)
         sock = dial(sock_path)
@@ -239,18 +245,20 @@ def _killed(signum: int, sent: set[int]) -> int:
 
 
 def start(folder: Path, key: str) -> None:
-    """Start a server in the background unless one is alive or starting (it holds server.lock for its whole life).
+    """Start a server in the background unless one is alive or starting (it holds NAME.lock for its whole life).
     The server is detached: its own session, nobody's child once the first fork has exited."""
+    import subprocess
+
     try:
         ensure_dir(folder)
-        with open(folder / "server.lock", "a") as lock:
-            os.chmod(folder / "server.lock", 0o600)
+        with open(place(folder, key, "lock"), "a") as lock:
+            os.chmod(place(folder, key, "lock"), 0o600)
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return  # a server holds it: alive, starting, or on its way out
             fcntl.flock(lock, fcntl.LOCK_UN)
-        log = os.open(folder / "server.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = os.open(place(folder, key, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             root = str(Path(__file__).resolve().parent.parent)
             boot = "import sys; sys.path[:] = __import__('json').loads(sys.argv[1]); " \
@@ -267,11 +275,16 @@ def start(folder: Path, key: str) -> None:
         pass  # no server this time: the command has run (or will) the normal way
 
 
-def stop(folder: Path | None = None, timeout: float = 10.0) -> int | None:
-    """End this user's command server (`hosts disconnect`): its pid once it has gone, or None when none ran. The
+def stop(folder: Path | None = None, timeout: float = 10.0) -> list[int]:
+    """End this user's command servers (`hosts disconnect`): the pids of those that ran, once they have gone. The
     commands in flight finish; the next eligible command starts a new server."""
     folder = folder or server_dir()
-    sock = dial(folder / "server.sock")
+    found = sorted(folder.glob("*.sock")) if folder.is_dir() else []
+    return [pid for sock in found if not sock.name.startswith(".") and (pid := _stop(sock, timeout)) is not None]
+
+
+def _stop(path: Path, timeout: float) -> int | None:
+    sock = dial(path)
     if sock is None:
         return None
     with sock:

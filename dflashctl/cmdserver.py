@@ -6,10 +6,10 @@ The child runs the ordinary typer app (cli/__init__.py main) with the client's a
 sys.path and standard streams (the client's own file descriptors, passed over the socket), so its parsing, errors,
 output and exit code are the CLI's own. cmdclient.py is the client and documents the files, the key and the knobs.
 
-The server: started by cmdclient.start under `server.lock` (which it holds for its whole life), it forks once (the
+The server: started by cmdclient.start under NAME.lock (which it holds for its whole life), it forks once (the
 starter reaps that at once: the server is nobody's child), imports the CLI and what a one-shot status or runs needs
 (WARM; paramiko too, for `persist = 0` hosts), checks that its code did not change meanwhile, then binds
-`server.sock` (0600, renamed over a stale one) and serves in one thread: a select loop over the listener, each
+NAME.sock (0600, renamed over a stale one) and serves in one thread: a select loop over the listener, each
 client's socket (a forwarded signal, or a hang-up: the child gets SIGHUP) and each child's pidfd (its end goes back
 as {"exit": code} or {"signal": n}). It answers only clients of its own uid (SO_PEERCRED) and key (another key:
 {"stale": true}, and it exits), never forks while it has a thread, and exits after DFLASHCTL_SERVER_IDLE_S (default
@@ -48,7 +48,8 @@ POLL_S = 0.5
 WARM = ("dflashctl.cli", "dflashctl.commands.status", "dflashctl.commands.runs", "dflashctl.remote",
         "dflashctl.remote.target", "dflashctl.remote.probe", "dflashctl.remote.masterclient", "dflashctl.remote.ssh",
         "dflashctl.analysis.health", "dflashctl.config", "dflashctl.model", "rich.console", "rich.text",
-        "rich.markup", "tomllib", "tempfile", "shlex", "queue", "concurrent.futures")
+        "dflashctl.commands.cluster_meta", "dflashctl.sentinel.hostkeys", "typer._click.decorators", "rich.markup",
+        "tomllib", "tempfile", "shlex", "queue", "concurrent.futures")
 
 
 @dataclass
@@ -64,7 +65,7 @@ class Server:
     folder: Path
     key: str
     idle_s: float
-    lock: Any = None  # the open server.lock: held for as long as this server may take commands
+    lock: Any = None  # the open NAME.lock: held for as long as this server may take commands
     listener: socket.socket | None = None
     inode: int | None = None
     children: dict[int, Child] = field(default_factory=dict)  # by pidfd
@@ -73,7 +74,11 @@ class Server:
 
     @property
     def sock_path(self) -> Path:
-        return self.folder / "server.sock"
+        return client.place(self.folder, self.key, "sock")
+
+    @property
+    def info_path(self) -> Path:
+        return client.place(self.folder, self.key, "json")
 
     def listen(self) -> None:
         """Bound under a temporary name with umask 0177 (0600 from the start), then renamed over the real one."""
@@ -92,7 +97,7 @@ class Server:
         fd = os.open(info, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with open(fd, "w") as f:
             json.dump({"pid": os.getpid(), "started_at": time.time(), "key": self.key, "idle_s": self.idle_s}, f)
-        os.replace(info, self.folder / "server.json")
+        os.replace(info, self.info_path)
 
     def ours(self) -> bool:
         try:
@@ -139,7 +144,8 @@ class Server:
                 self.why = "quit"
                 _say(conn, {"quit": True, "pid": os.getpid()})
             elif doc.get("key") != self.key:
-                self.why = "stale"  # our code, typer, rich or the interpreter changed: a new server for the new
+                self.why = "stale"  # our code, typer or rich changed: out of the way first, so that the client's
+                self.retire()  # start of a new server (on the new code) finds the lock free
                 _say(conn, {"stale": True})
             elif threading.active_count() != 1 or len(fds) != 3:
                 _say(conn, {"refused": "threads" if len(fds) == 3 else "descriptors"})
@@ -203,21 +209,25 @@ class Server:
             _say(child.conn, end)
         child.conn.close()
 
-    def shut(self) -> None:
-        """The socket first (the next command starts a new server), then the children in flight finish."""
+    def retire(self) -> None:
+        """Our socket and info file (not a successor's) go, then the lock: a new server may start meanwhile."""
         if self.ours():
             self.sock_path.unlink(missing_ok=True)
-            info = self.folder / "server.json"
             try:
-                if json.loads(info.read_text()).get("pid") == os.getpid():
-                    info.unlink()
+                if json.loads(self.info_path.read_text()).get("pid") == os.getpid():
+                    self.info_path.unlink()
             except (OSError, ValueError):
                 pass
+        self.inode = None
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
+    def shut(self) -> None:
+        """Retired first (the next command starts a new server), then the children in flight finish."""
+        self.retire()
         if self.listener is not None:
             self.listener.close()
-        if self.lock is not None:
-            self.lock.close()  # a new server may start while the commands in flight finish
-            self.lock = None
         while self.children:
             for pidfd in select.select(list(self.children), [], [], 5)[0] or list(self.children):
                 self.reap(pidfd)
@@ -317,7 +327,7 @@ def main(argv: list[str]) -> int:
     folder, key = Path(argv[0]), argv[1]
     if os.fork() != 0:
         return 0  # the starter reaps this one at once: the server is nobody's child
-    lock = open(folder / "server.lock", "a")  # noqa: SIM115 - held (by this open file) for the server's whole life
+    lock = open(client.place(folder, key, "lock"), "a")  # noqa: SIM115 - held (by this open file) for the server's whole life
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

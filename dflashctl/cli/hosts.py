@@ -125,6 +125,5 @@ def hosts_disconnect(
         console.print(f"ended the ssh master for {escape(m.host)} ({escape(m.endpoint)}, pid {m.pid})")
     if not ended:
         console.print("no ssh master was running" + (f" for {', '.join(map(escape, names))}" if names else ""))
-    server = None if names else cmdclient.stop()
-    if server is not None:
-        console.print(f"ended the command server (pid {server})")
+    for pid in [] if names else cmdclient.stop():
+        console.print(f"ended the command server (pid {pid})")

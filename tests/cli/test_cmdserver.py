@@ -7,15 +7,19 @@ script or a small client wrapper, a real server in a state directory of each tes
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import pty
 import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -76,15 +80,21 @@ class ServerEnv:
         return subprocess.run([str(DFLASHCTL), *argv], env={**(env or self.env), "DFLASHCTL_NO_SERVER": "1"},
                               cwd=self.cwd, capture_output=True, timeout=120)
 
+    def file(self, ext: str) -> Path:
+        """The server's NAME.ext (the tests' clients share one interpreter set-up: one NAME at a time)."""
+        found = [p for p in self.folder.glob(f"*.{ext}") if not p.name.startswith(".")] if self.folder.is_dir() else []
+        assert len(found) <= 1, found
+        return found[0] if found else self.folder / f"none.{ext}"
+
     def info(self) -> dict:
         try:
-            return json.loads((self.folder / "server.json").read_text())
+            return json.loads(self.file("json").read_text())
         except (OSError, ValueError):
             return {}
 
     def up(self) -> int:
         """Wait until a server listens; its pid."""
-        wait_for(lambda: self.info().get("pid") and cmdclient.dial(self.folder / "server.sock") is not None,
+        wait_for(lambda: self.info().get("pid") and cmdclient.dial(self.file("sock")) is not None,
                  "the command server to listen")
         return int(self.info()["pid"])
 
@@ -119,6 +129,10 @@ def srv(tmp_path: Path) -> Iterator[ServerEnv]:
         yield ServerEnv(folder, env, tmp_path)
     finally:
         cmdclient.stop(folder)
+        from dflashctl.remote.masterclient import end_master, list_masters
+
+        for m in list_masters(state / "masters"):  # what an ssh test started through the server's children
+            end_master(m)
         for pid in servers(folder):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -146,6 +160,59 @@ def test_the_same_bytes_and_exit_codes_with_and_without_the_server(srv: ServerEn
     assert got == {"ok status": (0, 0), "ok runs": (0, 0), "missing run": (102, 102), "bad option": (2, 2),
                    "config error": (2, 2)}
     assert srv.normal("status", "nope", "--json").stderr.startswith(b"ERROR: run 'nope'")
+
+
+def test_a_terminal_gets_the_same_bytes_colour_and_width_included(srv: ServerEnv) -> None:
+    """stdout and stderr on a terminal (80 columns): rich sees a tty, its size and colours as in a normal run."""
+    def on_pty(run: Callable[..., subprocess.CompletedProcess], *argv: str) -> tuple[int, bytes]:
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        try:
+            p = run(*argv, stdout=slave, stderr=slave)
+        finally:
+            os.close(slave)
+        out = b""
+        with contextlib.suppress(OSError):  # EIO: the terminal's other side has closed
+            while chunk := os.read(master, 65536):
+                out += chunk
+        os.close(master)
+        return p.returncode, out
+
+    def client(*argv: str, **kw: object) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", WRAPPER, *argv], env=srv.env, cwd=srv.cwd, timeout=120, **kw)
+
+    def normal(*argv: str, **kw: object) -> subprocess.CompletedProcess:
+        return subprocess.run([str(DFLASHCTL), *argv], env={**srv.env, "DFLASHCTL_NO_SERVER": "1"}, cwd=srv.cwd,
+                              timeout=120, **kw)
+
+    srv.served("runs", "--json")
+    srv.up()
+    for argv in (("status", "nope", "--json"), ("status", "--json", "--bogus")):
+        served, plain = on_pty(client, *argv), on_pty(normal, *argv)
+        assert served == plain and served[0] != NOT_SERVED, argv
+        assert b"\x1b[" in served[1], served  # coloured: the child's stderr is a terminal
+
+
+def test_over_ssh_through_a_warm_master_and_known_hosts_read_per_call(srv: ServerEnv, pve, tmp_path: Path) -> None:  # noqa: ANN001
+    """The real sshd, a connection master, the server's children: the same as a normal run; then a known_hosts
+    without the host's key, through the same server: refused exactly as a normal run refuses."""
+    hosts = tmp_path / "persist.toml"
+    hosts.write_text(pve.hosts_file.read_text().replace("persist = 0\n", "persist = 120\n"))
+    env = {**srv.env, **pve.env, "DFLASHCTL_HOSTS": str(hosts)}
+    for argv in (("runs", "--json"), ("status", "nope", "--json")):
+        a, b = srv.served(*argv, env=env), srv.normal(*argv, env=env)
+        assert (a.returncode, _CLOCK.sub(b"", a.stdout), a.stderr) == (b.returncode, _CLOCK.sub(b"", b.stdout),
+                                                                       b.stderr), argv
+    assert b.returncode == 102 and b"nope" in b.stderr
+    pid = srv.info()["pid"]
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    env = {**env, "DFLASHCTL_KNOWN_HOSTS": str(empty)}
+    a, b = srv.served("runs", "--json", env=env), srv.normal("runs", "--json", env=env)
+    assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr)
+    assert a.returncode == 2 and str(empty).encode() in a.stderr, a
+    assert srv.info()["pid"] == pid
+    assert "Threads:\t1\n" in Path(f"/proc/{pid}/status").read_text()  # it forks: it never has a second thread
 
 
 def test_the_console_script_goes_through_the_server_and_leaves_one_started(srv: ServerEnv) -> None:
@@ -210,11 +277,11 @@ def test_a_request_with_another_key_is_refused_before_anything_runs(srv: ServerE
     srv.served("runs", "--json")
     pid = srv.up()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.connect(str(srv.folder / "server.sock"))
+        s.connect(str(srv.file("sock")))
         cmdclient.send_doc(s, {"op": "run", "key": "not-our-key", "argv": ["dflashctl", "runs", "--json"]})
         assert cmdclient.read_lines(s, bytearray()) == [{"stale": True}]
     wait_for(lambda: not alive(pid), "the server to exit")
-    assert not (srv.folder / "server.sock").exists()
+    assert not srv.file("sock").exists()
 
 
 # -- start, idle, socket --------------------------------------------------------------------------------------------
@@ -225,9 +292,8 @@ def test_permissions_and_two_starts_at_once_make_one_server(srv: ServerEnv) -> N
     pid = srv.up()
     wait_for(lambda: servers(srv.folder) == [pid], "the losers of the start to exit")
     assert srv.folder.stat().st_mode & 0o777 == 0o700
-    assert (srv.folder / "server.sock").stat().st_mode & 0o777 == 0o600
-    for name in ("server.json", "server.lock", "server.log"):
-        assert (srv.folder / name).stat().st_mode & 0o777 == 0o600, name
+    for ext in ("sock", "json", "lock", "log"):
+        assert srv.file(ext).stat().st_mode & 0o777 == 0o600, ext
     ppid = int(re.search(r"PPid:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1))
     assert ppid != os.getpid() and os.getsid(pid) != os.getsid(0)  # detached: nobody's child here, its own session
 
@@ -236,22 +302,27 @@ def test_the_server_exits_when_idle_and_when_its_socket_is_removed(srv: ServerEn
     srv.served("runs", "--json", env={**srv.env, "DFLASHCTL_SERVER_IDLE_S": "0.5"})
     pid = srv.info()["pid"]
     wait_for(lambda: not alive(pid), "the idle server to exit")
-    assert not (srv.folder / "server.sock").exists()
-    assert "exits (idle)" in (srv.folder / "server.log").read_text()
+    assert not srv.file("sock").exists()
+    assert "exits (idle)" in srv.file("log").read_text()
     srv.served("runs", "--json")
     pid = srv.up()
-    (srv.folder / "server.sock").unlink()
+    srv.file("sock").unlink()
     wait_for(lambda: not alive(pid), "the server whose socket went to exit")
 
 
 def test_a_socket_with_no_listener_is_replaced(srv: ServerEnv) -> None:
-    cmdclient.ensure_dir(srv.folder)
+    srv.served("runs", "--json")
+    pid = srv.up()
+    sock = srv.file("sock")
+    os.kill(pid, signal.SIGKILL)  # killed outright: its socket file stays, nobody listening
+    wait_for(lambda: not alive(pid), "the server to die")
+    sock.unlink()
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    dead.bind(str(srv.folder / "server.sock"))
+    dead.bind(str(sock))
     dead.close()  # a socket file, nobody listening
     p = srv.client("runs", "--json")
     assert p.returncode == NOT_SERVED and not p.stderr
-    srv.up()
+    assert srv.up() != pid and srv.file("sock") == sock
     assert srv.served("runs", "--json").returncode == 0
 
 
@@ -271,7 +342,7 @@ def test_hosts_disconnect_ends_the_server(srv: ServerEnv) -> None:
     pid = srv.up()
     p = srv.normal("hosts", "disconnect")
     assert p.returncode == 0 and f"ended the command server (pid {pid})".encode() in p.stdout, p
-    assert not alive(pid) and not (srv.folder / "server.sock").exists()
+    assert not alive(pid) and not srv.file("sock").exists()
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")
@@ -280,14 +351,14 @@ def test_another_users_connection_gets_nothing(srv: ServerEnv) -> None:
     pid = srv.up()
     for path in (srv.folder.parent, srv.folder):
         os.chmod(path, 0o755)
-    os.chmod(srv.folder / "server.sock", 0o666)  # as if the permissions had been opened: the uid check still holds
+    os.chmod(srv.file("sock"), 0o666)  # as if the permissions had been opened: the uid check still holds
     code = ("import os, socket, sys\nsys.path.insert(0, sys.argv[2])\nfrom dflashctl import cmdclient\n"
             "os.setgid(65534); os.setuid(65534)  # imports done: now as nobody\n"
             "s = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.settimeout(30)\n"
             "try:\n    cmdclient.send_doc(s, {'op': 'quit'})\n    got = s.recv(100)\n"
             "except (BrokenPipeError, ConnectionResetError):\n    got = b''  # hung up on before a byte was read\n"
             "sys.exit(0 if got == b'' else 1)\n")
-    done = subprocess.run([sys.executable, "-c", code, str(srv.folder / "server.sock"), str(REPO)], timeout=60,
+    done = subprocess.run([sys.executable, "-c", code, str(srv.file("sock")), str(REPO)], timeout=60,
                           capture_output=True)
     assert done.returncode == 0, done.stderr
     for path in (srv.folder.parent, srv.folder):
