@@ -6,7 +6,8 @@ on stdin. It forks once more (so the command that started it reaps its child at 
 child), connects with the very SshTransport an in-process command uses (host-key and auth checks as always), then
 writes one JSON line on stdout, `{"ok": true}` or the connection error, which the starting command raises as its own.
 
-Then it serves clients on a 0600 UNIX socket, each command on its own ssh channel and thread, and exits
+Then it serves clients on a 0600 UNIX socket, each command on its own thread and ssh channel — or, for a one-shot
+`[pct exec CT --] PYTHON -c SRC ARGS...`, through the resident runner of that place (runnerlink.py) — and exits
 - after `persist` seconds with no client (never while a command runs through it),
 - when its ssh connection dies (its socket goes with it; a command that comes in meanwhile is answered GONE),
 - on `hosts disconnect` (a quit request) or SIGTERM, or when its socket file is removed or replaced.
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from dflashctl.errors import DflashError
 from dflashctl.remote import masterwire as wire
+from dflashctl.remote.runnerlink import NotRouted, Runners
 from dflashctl.remote.ssh import SshTransport, _feed, _pump, _signal, _wait
 from dflashctl.remote.sshlib import paramiko
 from dflashctl.remote.transport import shell_join
@@ -45,6 +47,7 @@ class Master:
         self.stopping = threading.Event()
         self.why = "idle"
         self.inode: int | None = None
+        self.runners = Runners(transport, enabled=os.environ.get("DFLASHCTL_RUNNERS") != "0")
 
     # -- the socket and the serve loop ----------------------------------------------------------------------------
     def listen(self) -> socket.socket:
@@ -133,6 +136,7 @@ class Master:
                 if self.active == 0:
                     break
             time.sleep(0.02)
+        self.runners.close()  # EOF to each runner: it kills its children and exits
         self.transport.close()
 
     # -- one client ----------------------------------------------------------------------------------------------
@@ -172,9 +176,15 @@ class Master:
         hung_up = threading.Event()
         threading.Thread(target=_watch_hangup, args=(conn, hung_up), name="master-hangup", daemon=True).start()
         argv = [str(a) for a in req["argv"]]
+        data, stream = bytes(stdin) if req.get("stdin") else None, bool(req.get("stream"))
         try:
-            code = run_channel(self.transport, argv, bytes(stdin) if req.get("stdin") else None, req.get("timeout"),
-                               conn, stream=bool(req.get("stream")), hung_up=hung_up)
+            try:
+                if stream:
+                    raise NotRouted("a stream keeps its channel")
+                code = self.runners.run(argv, data, req.get("timeout"), conn, hung_up)
+            except NotRouted:
+                code = run_channel(self.transport, argv, data, req.get("timeout"), conn, stream=stream,
+                                   hung_up=hung_up)
         except DflashError as e:
             wire.send_json(conn, wire.EXIT, {"error": type(e).__name__, "message": e.message, "hint": e.hint,
                                              "exit_code": int(e.exit_code)})

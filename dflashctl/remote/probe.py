@@ -34,14 +34,19 @@ the raw dicts, for tests of the probe program itself.
 from __future__ import annotations
 
 import base64
+import contextlib
+import threading
 from collections.abc import Generator, Iterator
 from functools import lru_cache
 
+from dflashctl.agent.hostpair import XID_TIMEOUT_S
 from dflashctl.agent.probe.main import PROBE_VERSION
 from dflashctl.errors import DflashError, ExitCode, NotFound
 from dflashctl.model import HostGpuReport
+from dflashctl.remote.masterclient import MasterTransport
 from dflashctl.remote.scripts import module_source, parse_replies, parse_reply
 from dflashctl.remote.target import Target
+from dflashctl.remote.transport import Result
 from dflashctl.report import ProbeReport, check_version, parse_report
 
 __all__ = ["PROBE_VERSION", "build_script", "decode_log", "parse_frames", "probe_args", "probe_doc",
@@ -117,11 +122,14 @@ def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset
               timeout: float | None = 60, events: bool = False, xid: bool = False) -> dict:
     """probe_once's reply as the raw dict the probe sent (its version checked): for tests of the probe itself.
     xid: the GPU host's kernel-log Xid lines too — beside the probe where it runs on the GPU host, and for a
-    container host from the Proxmox host in the same round trip (agent/hostpair.py)."""
+    container host from the Proxmox host in the same round trip (agent/hostpair.py), or through a connection master
+    as two requests at once, one per resident runner (_halves_at_once)."""
     paired = xid and target.host.container is not None
     args = probe_args(workspace, run, log_offset, procs=procs, gpus=gpus, runs=runs, log_max=log_max,
                       log_inode=log_inode, pids=pids, events=events, xid=xid and not paired)
-    if paired:
+    if paired and isinstance(target.transport, MasterTransport):
+        res = _halves_at_once(target, args, timeout)
+    elif paired:
         res = target.run_host(["python3", "-c", hostpair_source(), str(target.host.container), target.host.python,
                                loader_source(), *args], stdin=build_script().encode(), timeout=timeout)
     else:
@@ -142,6 +150,24 @@ def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset
         raise NotFound(f"run {run!r} not found in {workspace}/runs on {target.host.name}",
                        hint="list runs with `dflashctl runs`")
     return doc
+
+
+def _halves_at_once(target: Target, args: list[str], timeout: float | None) -> Result:
+    """hostpair's two halves as two requests at once (through a master each goes to its resident runner: no
+    interpreter start for either), merged as hostpair merges them: the kernel-log reply first, the container
+    probe's output and exit status; a kernel-log half that fails or outlasts XID_TIMEOUT_S is left out."""
+    xid: list[bytes] = []
+
+    def host_half() -> None:
+        with contextlib.suppress(DflashError):
+            xid.append(target.run_host(["python3", "-c", hostpair_source(), "--xid-only"], timeout=timeout).stdout)
+
+    side = threading.Thread(target=host_half, name="probe-xid", daemon=True)
+    side.start()
+    res = target.transport.run(target.wrap([target.host.python, "-c", loader_source(), *args]),
+                               stdin=build_script().encode(), timeout=timeout)
+    side.join(XID_TIMEOUT_S)
+    return Result(res.argv, res.exit_code, b"".join(xid[:1]) + res.stdout, res.stderr)
 
 
 @lru_cache(maxsize=1)
