@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dflashctl.helpcache import code_fingerprint
+from dflashctl.helpcache import code_fingerprint, code_roots
 
 PROTOCOL = 1
 IDLE_S_DEFAULT = 300.0
@@ -86,13 +86,21 @@ def checked_dir(path: Path) -> Path:
     return path
 
 
+def code_key() -> str:
+    """Our code, typer's and rich's (the help cache's fingerprint), and the folders they are installed in (one stat
+    each: installing or upgrading any package there, paramiko say, changes its folder)."""
+    roots = code_roots()
+    stamps = [(str(d), os.stat(d).st_mtime_ns) for d in sorted({r.parent for r in roots})]
+    return hashlib.sha256(f"{code_fingerprint(roots)}{stamps}".encode()).hexdigest()[:24]
+
+
 def server_key(code: str | None = None) -> str:
-    """What a server must share with this process to answer for it: our code, typer's and rich's (the help cache's
-    fingerprint), then the interpreter, its flags and sys.path, and the environment read at import."""
+    """What a server must share with this process to answer for it: code_key, then the interpreter, its flags and
+    sys.path, and the environment read at import (`CODE-NAME`)."""
     env = sorted((k, v) for k, v in os.environ.items() if k in _IMPORT_ENV or k.startswith(_IMPORT_ENV_PREFIXES))
     rest = json.dumps([PROTOCOL, sys.executable, repr(sys.flags), sys.warnoptions, sorted(sys._xoptions.items()),
                        sys.path, sys.getfilesystemencoding(), env], default=str)
-    return f"{code or code_fingerprint()}-{hashlib.sha256(rest.encode()).hexdigest()[:16]}"
+    return f"{code or code_key()}-{hashlib.sha256(rest.encode()).hexdigest()[:16]}"
 
 
 def place(folder: Path, key: str, ext: str) -> Path:

@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from dflashctl import cmdclient as client
-from dflashctl.helpcache import code_fingerprint
 
 POLL_S = 0.5
 # Imported before the first fork: what `status --json` and `runs --json` import on their way (local or ssh, through
@@ -154,9 +153,11 @@ class Server:
                 self.fork(conn, doc, fds)
                 return
             conn.close()
+        except OSError:  # the client hung up meanwhile, or no fork now: it gets the hang-up (nothing ran here)
+            conn.close()
         finally:
             for fd in fds:
-                os.close(fd)
+                os.close(fd)  # the child has its own copies
 
     def fork(self, conn: socket.socket, doc: dict[str, Any], fds: list[int]) -> None:
         _say(conn, {"accepted": True})  # from here on the command is the child's: the client never runs it again
@@ -164,9 +165,8 @@ class Server:
         if pid == 0:
             code = 1
             try:
-                keep = {conn.fileno(), *fds}
                 for other in (self.listener, *(c.conn for c in self.children.values())):
-                    if other is not None and other.fileno() not in keep:
+                    if other is not None:
                         other.close()
                 for pidfd in self.children:
                     os.close(pidfd)
@@ -300,6 +300,8 @@ def run_child(doc: dict[str, Any], fds: list[int]) -> int:
     code = main()
     import atexit
 
+    # what the interpreter's exit does before it ends: wait for the threads the command left, run atexit
+    getattr(threading, "_shutdown", lambda: None)()
     atexit._run_exitfuncs()
     try:
         sys.stdout.flush()
@@ -339,7 +341,7 @@ def main(argv: list[str]) -> int:
     from dflashctl.remote import probe
 
     probe.build_script(), probe.hostpair_source(), probe.loader_source()  # our own files, read once
-    if code_fingerprint() != code:
+    if client.code_key() != code:
         sys.stderr.write("dflashctl cmdserver: the code changed while it started; not serving\n")
         os._exit(0)
     if threading.active_count() != 1:

@@ -273,6 +273,19 @@ def test_a_server_of_other_code_says_stale_exits_and_the_command_runs_normally(s
     assert served.returncode == 0 and srv.info()["pid"] != pid
 
 
+def test_two_interpreter_set_ups_get_a_server_each_instead_of_replacing_each_others(srv: ServerEnv) -> None:
+    """The console script and `python -c` (another sys.path), or other flags: a server each, both kept."""
+    srv.served("runs", "--json")
+    first = srv.up()
+    other = [sys.executable, "-X", "dev", "-c", WRAPPER, "runs", "--json"]  # the same client under other flags
+    assert subprocess.run(other, env=srv.env, cwd=srv.cwd, capture_output=True, timeout=120).returncode == NOT_SERVED
+    wait_for(lambda: len([p for p in srv.folder.glob("*.sock") if cmdclient.dial(p)]) == 2, "a second server")
+    p = subprocess.run(other, env=srv.env, cwd=srv.cwd, capture_output=True, timeout=120)
+    assert p.returncode == 0 and json.loads(p.stdout)["runs"]
+    assert srv.client("runs", "--json").returncode == 0
+    assert alive(first) and len(servers(srv.folder)) == 2
+
+
 def test_a_request_with_another_key_is_refused_before_anything_runs(srv: ServerEnv) -> None:
     srv.served("runs", "--json")
     pid = srv.up()
