@@ -125,7 +125,8 @@ def request(argv: list[str], key: str) -> tuple[dict[str, Any], list[int]]:
     mask = os.umask(0)
     os.umask(mask)
     doc = {"op": "run", "key": key, "argv": [sys.argv[0], *argv], "cwd": os.getcwd(), "env": dict(os.environ),
-           "umask": mask, "path": sys.path, "streams": streams}
+           "umask": mask, "path": sys.path, "streams": streams, "cpus": sorted(os.sched_getaffinity(0)),
+           "nice": os.getpriority(os.PRIO_PROCESS, 0)}
     return doc, fds
 
 

@@ -3,20 +3,26 @@
 A one-shot `status --json` spends ~0.3 s in this laptop's interpreter before and after its one round trip (imports,
 regex tables, first-call set-up); a child forked from a process that has all of that done starts in a millisecond.
 The child runs the ordinary typer app (cli/__init__.py main) with the client's argv, cwd, environment, umask,
-sys.path and standard streams (the client's own file descriptors, passed over the socket), so its parsing, errors,
-output and exit code are the CLI's own. cmdclient.py is the client and documents the files, the key and the knobs.
+sys.path, CPU affinity, niceness and standard streams (the client's own file descriptors, passed over the socket,
+rebuilt with its encodings and buffering), so its parsing, errors, output and exit code are the CLI's own. What it
+does not take from the client: resource limits (ulimit) and cgroup, which stay those the server started with.
+cmdclient.py is the client and documents the files, the key and the knobs.
 
 The server: started by cmdclient.start under NAME.lock (which it holds for its whole life), it forks once (the
 starter reaps that at once: the server is nobody's child), imports the CLI and what a one-shot status or runs needs
 (WARM; paramiko too, for `persist = 0` hosts), checks that its code did not change meanwhile, then binds
 NAME.sock (0600, renamed over a stale one) and serves in one thread: a select loop over the listener, each
-client's socket (a forwarded signal, or a hang-up: the child gets SIGHUP) and each child's pidfd (its end goes back
-as {"exit": code} or {"signal": n}). It answers only clients of its own uid (SO_PEERCRED) and key (another key:
-{"stale": true}, and it exits), never forks while it has a thread, and exits after DFLASHCTL_SERVER_IDLE_S (default
-300) without a command, on a quit request (`hosts disconnect`), on SIGTERM, or when its socket file is removed or
-replaced. Nothing is read from the environment at import by our code (tests/cli/test_cmdserver.py changes
-DFLASHCTL_STATE_DIR, DFLASHCTL_HOSTS, DFLASHCTL_KNOWN_HOSTS and HOME between calls through one server); what typer
-reads at import is part of the key.
+client's socket (a forwarded signal, or a hang-up: the child's process group gets SIGHUP) and each child's pidfd
+(its end goes back as {"exit": code} or {"signal": n}). It answers only clients of its own uid (SO_PEERCRED) and
+key (the same NAME with other code: {"stale": true}, and it exits), never forks while it has a thread, and exits
+after DFLASHCTL_SERVER_IDLE_S (default 300) without a command, on a quit request (`hosts disconnect`), on SIGTERM,
+or when its socket file is removed or replaced.
+
+Module state from the server's start must not reach a child: our code reads no environment at import (audited; the
+tests change HOME, DFLASHCTL_HOSTS and DFLASHCTL_KNOWN_HOSTS between calls through one server), the lru_caches hold
+our own files or pure functions of their arguments, the consoles are made on first use (in the child); what typer
+reads at import (TYPER_USE_RICH, TERMINAL_WIDTH, FORCE_COLOR, ...) and the interpreter's start-up environment are part
+of the key; tempfile's cached directory and the locale are reset in the child.
 """
 
 from __future__ import annotations
@@ -281,6 +287,9 @@ def run_child(doc: dict[str, Any], fds: list[int]) -> int:
     os.setsid()  # its own process group: a forwarded Ctrl-C reaches it and what it started, as a terminal's would
     os.chdir(doc["cwd"])
     os.umask(int(doc["umask"]))
+    with contextlib.suppress(OSError, KeyError):  # the client's CPUs and niceness (a nicer one than ours: not ours)
+        os.sched_setaffinity(0, doc["cpus"])
+        os.setpriority(os.PRIO_PROCESS, 0, int(doc["nice"]))
     os.environ.clear()
     os.environ.update(doc["env"])
     sys.path[:] = doc["path"]
