@@ -230,8 +230,11 @@ def _wait(sock: socket.socket, folder: Path, key: str) -> int | None:
                 return int(d["exit"])
             if "signal" in d:
                 return _killed(int(d["signal"]), sent)
-        docs = read_lines(sock, buf)
-        if docs is None:
+        try:
+            docs = read_lines(sock, buf)
+        except (OSError, ValueError):
+            docs = None
+        if docs is None:  # never run again here: the command may have done its work
             sys.stderr.write("ERROR: the dflashctl command server went away while the command ran; run it again "
                              "(DFLASHCTL_NO_SERVER=1 runs it without the server)\n")
             return 1
