@@ -96,13 +96,13 @@ class Server:
         finally:
             os.umask(old)
         self.listener.listen(64)
-        os.replace(tmp, self.sock_path)
-        self.inode = self.sock_path.stat().st_ino
-        info = self.folder / f".server.{os.getpid()}.json"
+        info = self.folder / f".server.{os.getpid()}.json"  # first: a socket that answers has its info in place
         fd = os.open(info, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with open(fd, "w") as f:
             json.dump({"pid": os.getpid(), "started_at": time.time(), "key": self.key, "idle_s": self.idle_s}, f)
         os.replace(info, self.info_path)
+        os.replace(tmp, self.sock_path)
+        self.inode = self.sock_path.stat().st_ino
 
     def ours(self) -> bool:
         try:
