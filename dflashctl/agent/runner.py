@@ -29,6 +29,10 @@ HEAD = struct.Struct(">cII")
 START, STDIN, KILL = b"S", b"I", b"K"
 HELLO, OUT, ERR, EXIT = b"H", b"O", b"E", b"X"
 READ = 65536
+# Stdlib modules our agent programs import, loaded once here so a child does not import them again (a module
+# found in sys.modules is the one it would have imported; none of these does anything at import but define).
+PRELOAD = ("argparse", "base64", "contextlib", "ctypes", "ctypes.util", "hashlib", "marshal", "re", "socket", "stat",
+           "subprocess", "time")
 
 
 def encode(kind: bytes, rid: int, payload: bytes = b"") -> bytes:
@@ -199,6 +203,11 @@ class _quiet:
         return kind is not None and issubclass(kind, OSError)
 
 
+class _quiet_import(_quiet):
+    def __exit__(self, kind, value, tb) -> bool:  # noqa: ANN001
+        return kind is not None and issubclass(kind, ImportError)
+
+
 def _killpg(pid: int) -> None:
     with _quiet():
         os.killpg(pid, signal.SIGKILL)
@@ -239,6 +248,9 @@ def become(job, runner_globals: dict) -> None:  # noqa: ANN001
 
 
 def main() -> None:
+    for name in PRELOAD:
+        with _quiet_import():
+            __import__(name)
     try:
         job = Server().serve()
     except OSError as e:
