@@ -6,7 +6,9 @@ Loopback sshd + `pct` stand-in + nvidia-smi stand-in (benchmarks/loopback.py), a
 ssh's floor, `pct exec`'s, a container interpreter's, the probe in the container compiled from source (as before)
 and from the compiled-code cache (agent/codecache.py), the Proxmox host's kernel-log side as a second interpreter
 running the whole probe (as before) and as the small xid module (now in-process in hostpair), the laptop side alone
-(parse + judge + print of a recorded reply, a new process), and the whole status with persist = 0 and a warm master.
+(parse + judge + print of a recorded reply, a new process), the seed's raw one-liner, the probe (with the host's Xid
+read) through a warm master on fresh channels (a master started with DFLASHCTL_RUNNERS=0) and through its resident
+runners (remote/runnerlink.py), and the whole status with persist = 0 and a warm master with and without runners.
 Rows alternate call by call; each gives the median wall time and the median machine CPU (all processes, /proc/stat:
 sshd and the container are not our children) per call. Needs root and sshd.
 """
@@ -22,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from loopback import DFLASHCTL, frozen_run, loopback_pve, publish, result_path, sshd_missing
+from loopback import DFLASHCTL, frozen_run, loopback_pve, publish, raw_oneliner, result_path, sshd_missing
 from startup import exported, hosts_with_persist
 
 from dflashctl.remote.probe import build_script, loader_source, probe_args
@@ -43,6 +45,18 @@ view = with_events(Watcher(host.name, host_thresholds(host), scanner=LogScanner(
 print_json(view.to_record())
 """
 
+PROBE = """
+import sys
+from dflashctl.config import load_inventory
+from dflashctl.remote import connect
+from dflashctl.remote.probe import probe_doc
+host = load_inventory().get(None)
+with connect(host) as target:
+    doc = probe_doc(target, host.workspace, sys.argv[1], events=True, xid=True)
+assert doc.get("run") and "xid" in doc, doc
+print("{}")
+"""
+
 
 def machine_cpu() -> float:
     """Seconds of CPU all processes used so far (user + nice + system + irq + softirq)."""
@@ -57,6 +71,32 @@ def once(argv: list[str], env: dict[str, str], stdin: bytes | None) -> tuple[flo
     res = subprocess.run(argv, input=stdin, capture_output=True, env=env, timeout=120, check=False)
     dt, dc = time.perf_counter() - t0, machine_cpu() - c0
     return dt, dc, res.stdout or f"exit {res.returncode}: ".encode() + res.stderr[-300:]
+
+
+def in_process(env: dict[str, str], hosts: dict[str, object], run: str, ct: str,
+               calls: int) -> dict[str, list[float]]:
+    """Round trips through the two warm masters from this one process (no process start, no imports in the
+    figure): the probe with the host's Xid read, and `pct exec CT -- python3 -c pass`, alternating call by call."""
+    from dflashctl.config import load_inventory
+    from dflashctl.remote import connect
+    from dflashctl.remote.probe import probe_doc
+
+    os.environ.update(env)  # the same connection key as the commands that started the masters
+    targets = {name: connect(load_inventory(path).get(None)) for name, path in hosts.items()}
+    kinds = {"probe + host xid": lambda t: probe_doc(t, t.host.workspace, run, events=True, xid=True),
+             "pct exec CT -- python3 -c pass": lambda t: t.transport.run(["pct", "exec", ct, "--", "python3", "-c",
+                                                                          "pass"], timeout=60)}
+    times: dict[str, list[float]] = {f"{k}, {n}": [] for k in kinds for n in targets}
+    for i in range(calls + 1):
+        for kind, call in kinds.items():
+            for name, target in targets.items():
+                t0 = time.perf_counter()
+                call(target)
+                if i:  # the first is untimed
+                    times[f"{kind}, {name}"].append(time.perf_counter() - t0)
+    for target in targets.values():
+        target.close()
+    return times
 
 
 def main() -> int:
@@ -82,6 +122,9 @@ def main() -> int:
         xid_only = module_source("probe.xid") + "\nxid_report()\n"
         pct = ["pct", "exec", ct, "--"]
         off, on = hosts_with_persist(pve.hosts_file, 0), hosts_with_persist(pve.hosts_file, 120)
+        chan = hosts_with_persist(pve.hosts_file, 121)  # another master (its own key), started with runners off
+        no_runner = {**env, "DFLASHCTL_HOSTS": str(chan), "DFLASHCTL_RUNNERS": "0"}
+        probe = [sys.executable, "-P", "-c", PROBE, run_dir.name]
         status = [str(DFLASHCTL), "status", "--json"]
         mod = [sys.executable, "-P", "-m", "dflashctl", "status", "--json"]  # -P: the tree PYTHONPATH names
         old = exported(args.before)
@@ -99,7 +142,13 @@ def main() -> int:
             "host's xid side: the xid module alone (now: in hostpair)": (["python3", "-c", xid_only], env, None),
             "laptop side alone: parse + judge + print a recorded reply": ([sys.executable, "-c", LAPTOP], env,
                                                                           recorded),
+            "raw one-liner (ControlMaster=no)": (raw_oneliner(sshd, pve, run_dir, "-o", "ControlMaster=no"), env,
+                                                 None),
+            "probe + host xid through a warm master, fresh channels (runners off)": (probe, no_runner, None),
+            "probe + host xid through a warm master, resident runners": (probe, {**env, "DFLASHCTL_HOSTS": str(on)},
+                                                                         None),
             "dflashctl status --json, persist = 0": (status, {**env, "DFLASHCTL_HOSTS": str(off)}, None),
+            "dflashctl status --json, warm master, runners off": (status, no_runner, None),
             "dflashctl status --json, warm master": (status, {**env, "DFLASHCTL_HOSTS": str(on)}, None),
             "python -m dflashctl status --json, persist = 0": (mod, {**env, "DFLASHCTL_HOSTS": str(off)}, None),
             f"python -m dflashctl status --json, persist = 0, before ({args.before})":
@@ -109,6 +158,8 @@ def main() -> int:
             _, _, out = once(argv, e, stdin)
             if "dflashctl" in name or name.startswith("laptop"):  # a fast wrong answer is no answer
                 assert out.startswith(b"{") and json.loads(out).get("verdict"), (name, out[:300])
+            if name.startswith(("probe +", "raw")):
+                assert out.startswith(b"{}") or b"===" in out, (name, out[:300])
         wall: dict[str, list[float]] = {k: [] for k in rows}
         cpu: dict[str, list[float]] = {k: [] for k in rows}
         for _ in range(args.calls):
@@ -116,11 +167,14 @@ def main() -> int:
                 dt, dc, _ = once(argv, e, stdin)
                 wall[name].append(dt)
                 cpu[name].append(dc)
+        rounds = in_process(env, {"fresh channels (runners off)": chan, "resident runners": on}, run_dir.name,
+                            ct, args.calls * 2)
         imports = subprocess.run([sys.executable, "-X", "importtime", "-c", "import dflashctl.cli.status"],
                                  capture_output=True, env=env, check=True).stderr.decode().splitlines()
         shutil.rmtree(old, ignore_errors=True)
-        subprocess.run([str(DFLASHCTL), "hosts", "disconnect"], env={**env, "DFLASHCTL_HOSTS": str(on)},
-                       capture_output=True, timeout=60, check=False)
+        for hosts in (on, chan):
+            subprocess.run([str(DFLASHCTL), "hosts", "disconnect"], env={**env, "DFLASHCTL_HOSTS": str(hosts)},
+                           capture_output=True, timeout=60, check=False)
     times = [line.split(":", 1)[1].split("|") for line in imports if line.startswith("import time:")]
     times = [(int(a), int(b), c.strip()) for a, b, c in times if a.strip().isdigit()]
     total_us = sum(own for own, _, _ in times)
@@ -130,10 +184,18 @@ def main() -> int:
            f"{args.calls} calls a row, alternating, after one untimed call a row; each call a new process. "
            "CPU = the whole machine's CPU seconds during the call (sshd, container and all; other load included).",
            "", "Command: `.venv/bin/python benchmarks/status_breakdown.py`", "",
-           "| step | median wall | median machine CPU |", "|---|---:|---:|"]
+           "| step | median wall | median machine CPU | wall / raw one-liner |", "|---|---:|---:|---:|"]
+    raw = statistics.median(wall["raw one-liner (ControlMaster=no)"])
     for name in rows:
         out.append(f"| {name} | {statistics.median(wall[name]) * 1000:.0f} ms | "
-                   f"{statistics.median(cpu[name]) * 1000:.0f} ms |")
+                   f"{statistics.median(cpu[name]) * 1000:.0f} ms | {statistics.median(wall[name]) / raw:.2f}x |")
+    out += ["", f"Round trips through the two warm masters from one process (no process start or import in the "
+            f"figure), {args.calls * 2} calls each, alternating:", "",
+            "| round trip | median wall | / fresh channels |", "|---|---:|---:|"]
+    for name, got in rounds.items():
+        base = rounds[name.rsplit(", ", 1)[0] + ", fresh channels (runners off)"]
+        out.append(f"| {name} | {statistics.median(got) * 1000:.1f} ms | "
+                   f"{statistics.median(got) / statistics.median(base):.2f}x |")
     out += ["", f"`python -X importtime -c 'import dflashctl.cli.status'`: {total_us / 1000:.0f} ms self time in all; "
             "the largest cumulative: " + ", ".join(f"{name} {us / 1000:.0f} ms" for us, name in heavy)]
     return publish(out, args.out)
