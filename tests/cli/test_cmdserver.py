@@ -385,7 +385,8 @@ def test_another_users_connection_gets_nothing(srv: ServerEnv) -> None:
 def hanging(srv: ServerEnv, tmp_path: Path) -> Iterator[Path]:
     """hosts.toml whose local host's python hangs (writes its pid and parent's pid, then sleeps): the status waits."""
     py = tmp_path / "hang-python"
-    py.write_text(f'#!/bin/sh\necho "$$ $PPID" > "{tmp_path}/started.$$"\nexec sleep 600\n')
+    py.write_text(f'#!/bin/sh\ncd "{tmp_path}"\necho "$$ $PPID" > ".tmp.$$"\nmv ".tmp.$$" "started.$$"\n'
+                  'exec sleep 600\n')  # renamed into place: a marker seen is a marker written
     py.chmod(0o755)
     hosts = tmp_path / "hang.toml"
     hosts.write_text(f'default = "here"\n[hosts.here]\ntransport = "local"\nworkspace = "ws"\npython = "{py}"\n')
@@ -395,14 +396,15 @@ def hanging(srv: ServerEnv, tmp_path: Path) -> Iterator[Path]:
             os.kill(int(marker.read_text().split()[0]), signal.SIGKILL)
 
 
-def _start_hanging(srv: ServerEnv, tmp_path: Path, hosts: Path, served: bool) -> tuple[subprocess.Popen, int]:
+def _start_hanging(srv: ServerEnv, tmp_path: Path, hosts: Path, served: bool,
+                   **popen: object) -> tuple[subprocess.Popen, int]:
     """The status command, waiting on its probe; (the client process, the pid of the process running the CLI)."""
     for m in tmp_path.glob("started.*"):
         m.unlink()
     argv = [sys.executable, "-c", WRAPPER] if served else [str(DFLASHCTL)]
     env = srv.env if served else {**srv.env, "DFLASHCTL_NO_SERVER": "1"}
     p = subprocess.Popen([*argv, "status", "--json", "--hosts", str(hosts)], env=env, cwd=srv.cwd,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
     wait_for(lambda: list(tmp_path.glob("started.*")), "the probe to start")
     cli_pid = int(next(tmp_path.glob("started.*")).read_text().split()[1])
     assert (cli_pid != p.pid) is served  # through the server, the CLI runs in the server's child
@@ -425,9 +427,15 @@ def test_a_signal_to_the_client_reaches_the_child_and_ends_as_a_normal_run(srv: 
 
 
 def test_a_client_that_dies_takes_its_child_with_it(srv: ServerEnv, tmp_path: Path, hanging: Path) -> None:
+    """...and the child ran with the client's niceness and CPUs, not the server's."""
     srv.served("runs", "--json")
     pid = srv.up()
-    p, child = _start_hanging(srv, tmp_path, hanging, served=True)
+    cpus = sorted(os.sched_getaffinity(0))[:1]
+    p, child = _start_hanging(srv, tmp_path, hanging, served=True,
+                              preexec_fn=lambda: (os.nice(7), os.sched_setaffinity(0, cpus)))
+    assert os.getpriority(os.PRIO_PROCESS, child) == os.getpriority(os.PRIO_PROCESS, 0) + 7
+    assert sorted(os.sched_getaffinity(child)) == cpus
+    assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0)
     p.kill()
     p.wait(timeout=60)
     wait_for(lambda: not Path(f"/proc/{child}").exists(), "the orphaned child to stop")
