@@ -60,15 +60,15 @@ def eligible(argv: list[str]) -> bool:
     return True
 
 
-def server_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
-    """Absolute, so the server (started in /) and every client name the same files whatever their cwd."""
+def server_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> Path | None:
+    """Absolute, so the server (started in /) and every client name the same files whatever their cwd; None when
+    only a relative home would say where (never a folder under the cwd, as for the help cache)."""
     if env.get("DFLASHCTL_STATE_DIR"):
-        where = Path(env["DFLASHCTL_STATE_DIR"]).expanduser() / "cmdserver"
-    elif env.get("XDG_RUNTIME_DIR"):
-        where = Path(env["XDG_RUNTIME_DIR"]) / "dflashctl" / "cmdserver"
-    else:
-        where = Path("~/.cache/dflashctl/cmdserver").expanduser()
-    return Path(os.path.abspath(where))
+        return Path(os.path.abspath(Path(env["DFLASHCTL_STATE_DIR"]).expanduser() / "cmdserver"))
+    if env.get("XDG_RUNTIME_DIR") and os.path.isabs(env["XDG_RUNTIME_DIR"]):
+        return Path(env["XDG_RUNTIME_DIR"]) / "dflashctl" / "cmdserver"
+    home = env["HOME"] if "HOME" in env else os.path.expanduser("~")  # unset: the password database's
+    return Path(home) / ".cache" / "dflashctl" / "cmdserver" if os.path.isabs(home) else None
 
 
 def ensure_dir(path: Path) -> Path:
@@ -166,6 +166,8 @@ def run(argv: list[str]) -> int | None:
     if os.environ.get("DFLASHCTL_NO_SERVER") == "1" or not eligible(argv):
         return None
     folder = server_dir()
+    if folder is None:
+        return None
     key = server_key()
     sock_path = place(folder, key, "sock")
     if len(os.fsencode(str(sock_path))) > MAX_SUN_PATH:
@@ -291,7 +293,7 @@ def stop(folder: Path | None = None, timeout: float = 10.0) -> list[int]:
     """End this user's command servers (`hosts disconnect`): the pids of those that ran, once they have gone. The
     commands in flight finish; the next eligible command starts a new server."""
     folder = folder or server_dir()
-    found = sorted(folder.glob("*.sock")) if folder.is_dir() else []
+    found = sorted(folder.glob("*.sock")) if folder is not None and folder.is_dir() else []
     return [pid for sock in found if not sock.name.startswith(".") and (pid := _stop(sock, timeout)) is not None]
 
 

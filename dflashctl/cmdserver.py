@@ -117,12 +117,15 @@ class Server:
             watched: list[Any] = [self.listener, *self.children, *(c.conn for c in self.children.values())]
             ready, _, _ = select.select(watched, [], [], POLL_S)
             for r in ready:
-                if r is self.listener:
-                    self.accept()
-                elif isinstance(r, int):
-                    self.reap(r)
-                else:
-                    self.from_client(r)
+                try:
+                    if r is self.listener:
+                        self.accept()
+                    elif isinstance(r, int):
+                        self.reap(r)
+                    else:
+                        self.from_client(r)
+                except Exception:  # noqa: BLE001 - a bug here must not take the other commands' answers with it
+                    traceback.print_exc()  # into NAME.log
             if not self.children and time.monotonic() - self.last >= self.idle_s:
                 self.why = "idle"
             elif not self.ours():
@@ -189,7 +192,9 @@ class Server:
         self.children[os.pidfd_open(pid)] = Child(pid, conn)
 
     def from_client(self, conn: socket.socket) -> None:
-        child = next(c for c in self.children.values() if c.conn is conn)
+        child = next((c for c in self.children.values() if c.conn is conn), None)
+        if child is None:
+            return  # its child was reaped in this same round (its socket closed with it)
         try:
             data = conn.recv(65536)
         except OSError:

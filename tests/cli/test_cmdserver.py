@@ -349,6 +349,11 @@ def test_off_with_no_server_and_for_commands_that_are_not_eligible(srv: ServerEn
     for argv in (["status", "--json"], ["status", "RUN", "--json", "-H", "pve", "-i", "2"], ["runs", "--json"]):
         assert cmdclient.eligible(argv), argv
     assert srv.client("status").returncode == NOT_SERVED and not srv.folder.exists()
+    bare = {k: v for k, v in srv.env.items() if k not in ("DFLASHCTL_STATE_DIR", "XDG_RUNTIME_DIR")}
+    p = srv.client("runs", "--json", env={**bare, "HOME": "rel"})  # only a relative home: no server, nothing made
+    assert p.returncode == NOT_SERVED and not (srv.cwd / "rel").exists()
+    assert cmdclient.server_dir({"HOME": "/h"}) == Path("/h/.cache/dflashctl/cmdserver")
+    assert cmdclient.server_dir({"XDG_RUNTIME_DIR": "/run/user/7"}) == Path("/run/user/7/dflashctl/cmdserver")
 
 
 def test_hosts_disconnect_ends_the_server(srv: ServerEnv) -> None:
