@@ -114,7 +114,8 @@ class Server:
     def serve(self) -> str:
         assert self.listener is not None
         while self.why is None:
-            watched: list[Any] = [self.listener, *self.children, *(c.conn for c in self.children.values())]
+            watched: list[Any] = [self.listener, *self.children,
+                                  *(c.conn for c in self.children.values() if not c.hung_up)]
             ready, _, _ = select.select(watched, [], [], POLL_S)
             for r in ready:
                 try:
