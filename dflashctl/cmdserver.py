@@ -112,9 +112,12 @@ class Server:
             return False
 
     def serve(self) -> str:
-        assert self.listener is not None
-        while self.why is None:
-            watched: list[Any] = [self.listener, *self.children,
+        """Until a reason to stop; then retired (no new command reaches it) while the commands in flight finish,
+        their signals still forwarded and their ends still answered."""
+        while self.why is None or self.children:
+            if self.why is not None and self.listener is not None:
+                self.shut()
+            watched: list[Any] = [*([self.listener] if self.listener else []), *self.children,
                                   *(c.conn for c in self.children.values() if not c.hung_up)]
             ready, _, _ = select.select(watched, [], [], POLL_S)
             for r in ready:
@@ -127,10 +130,13 @@ class Server:
                         self.from_client(r)
                 except Exception:  # noqa: BLE001 - a bug here must not take the other commands' answers with it
                     traceback.print_exc()  # into NAME.log
+            if self.why is not None:
+                continue
             if not self.children and time.monotonic() - self.last >= self.idle_s:
                 self.why = "idle"
             elif not self.ours():
                 self.why = "socket removed"
+        self.shut()
         return self.why
 
     def accept(self) -> None:
@@ -237,13 +243,11 @@ class Server:
             self.lock = None
 
     def shut(self) -> None:
-        """Retired first (the next command starts a new server), then the children in flight finish."""
+        """Retired, and the listener closed: the next command starts a new server."""
         self.retire()
         if self.listener is not None:
             self.listener.close()
-        while self.children:
-            for pidfd in select.select(list(self.children), [], [], 5)[0] or list(self.children):
-                self.reap(pidfd)
+            self.listener = None
 
 
 def _frames(buf: bytearray) -> list[dict[str, Any]]:
@@ -374,6 +378,5 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     server.listen()
     why = server.serve()
-    server.shut()
     sys.stderr.write(f"dflashctl cmdserver {os.getpid()}: exits ({why})\n")
     os._exit(0)

@@ -457,3 +457,16 @@ def test_a_child_killed_by_a_signal_gives_one_line_and_128_plus_the_signal(srv: 
     assert p.returncode == 128 + signal.SIGSEGV and out == b""
     assert err.count(b"\n") == 1 and err.startswith(b"ERROR: the command was killed by SIGSEGV"), err
     assert alive(pid) and srv.served("runs", "--json").returncode == 0
+
+
+def test_a_server_told_to_quit_takes_no_new_command_and_finishes_those_in_flight(srv: ServerEnv, tmp_path: Path,
+                                                                                 hanging: Path) -> None:
+    srv.served("runs", "--json")
+    pid = srv.up()
+    p, _ = _start_hanging(srv, tmp_path, hanging, served=True)
+    assert cmdclient.stop(srv.folder, timeout=1) == [pid]  # asked to quit: it answers, then waits for its child
+    wait_for(lambda: not srv.file("sock").exists(), "the quitting server's socket to go")
+    assert alive(pid)  # the command in flight still has its server: its signals still reach it
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=60) == 130
+    wait_for(lambda: not alive(pid), "the server to exit once its last command ended")
