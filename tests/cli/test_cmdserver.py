@@ -470,3 +470,24 @@ def test_a_server_told_to_quit_takes_no_new_command_and_finishes_those_in_flight
     p.send_signal(signal.SIGINT)
     assert p.wait(timeout=60) == 130
     wait_for(lambda: not alive(pid), "the server to exit once its last command ended")
+
+
+def test_a_served_command_costs_the_client_no_typer_no_rich_and_four_of_our_modules(srv: ServerEnv) -> None:
+    """The client path is stdlib-only (entry, helpcache, cmdclient): typer and the rest stay in the server."""
+    code = ("import json, sys\nsys.argv = ['dflashctl', *sys.argv[1:]]\nfrom dflashctl.entry import main\n"
+            "rc = main()\nsys.stderr.write('\\nMODULES ' + json.dumps(sorted(sys.modules)) + '\\n')\nsys.exit(rc)\n")
+
+    def call() -> tuple[int, bytes, set[str]]:
+        p = subprocess.run([sys.executable, "-c", code, "runs", "--json"], env=srv.env, cwd=srv.cwd,
+                           capture_output=True, timeout=120)
+        line = next(ln for ln in p.stderr.splitlines() if ln.startswith(b"MODULES "))
+        return p.returncode, p.stdout, set(json.loads(line[8:]))
+
+    rc, out, mods = call()  # no server yet: the normal way (typer), and a server left starting
+    assert rc == 0 and "typer" in mods
+    srv.up()
+    rc2, out2, mods = call()
+    assert (rc2, out2) == (rc, out)
+    assert sorted(m for m in mods if m.startswith("dflashctl")) == ["dflashctl", "dflashctl.cmdclient",
+                                                                   "dflashctl.entry", "dflashctl.helpcache"]
+    assert not {m for m in mods if m.split(".")[0] in ("typer", "rich", "paramiko", "subprocess", "click")}
