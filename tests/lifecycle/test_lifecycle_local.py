@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness.foreground import FOREGROUND
 
 from .conftest import FAKE_TRAINER, alive, marker_of, wait_until, write_config
 
@@ -271,8 +272,8 @@ def test_too_little_free_disk_refuses_the_launch(local_host, cli, monkeypatch):
 @pytest.mark.slow
 def test_ctrl_c_on_follow_detaches_and_leaves_the_run_running(local_host, cli):
     launched = cli("launch", "--source", str(FAKE_TRAINER), "--json").json()
-    proc = subprocess.Popen([sys.executable, "-m", "dflashctl", "logs", "-f"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=os.environ.copy())
+    proc = subprocess.Popen([*FOREGROUND, sys.executable, "-m", "dflashctl", "logs", "-f"],  # as a terminal would
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
     assert proc.stdout is not None
     first = proc.stdout.readline()
     assert first.startswith(b"step=") or first.startswith(b"trainer:")
