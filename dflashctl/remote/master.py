@@ -29,7 +29,7 @@ from pathlib import Path
 from dflashctl.errors import DflashError
 from dflashctl.remote import masterwire as wire
 from dflashctl.remote.runnerlink import NotRouted, Runners
-from dflashctl.remote.ssh import SshTransport, _feed, _pump, _signal, _wait
+from dflashctl.remote.ssh import NoChannelInTime, SshTransport, _feed, _pump, _signal, _wait
 from dflashctl.remote.sshlib import paramiko
 from dflashctl.remote.transport import shell_join
 
@@ -207,8 +207,11 @@ def run_channel(t: SshTransport, argv: Sequence[str], stdin: bytes | None, timeo
                 conn: socket.socket, *, stream: bool, hung_up: threading.Event) -> int | None:
     """SshTransport.run's loop, forwarding output as it comes instead of collecting it: same channel, same timeout
     error, same exit status rules. None when the client hung up (the channel is closed, as a closed stream does)."""
-    chan = t._session()
     deadline = None if timeout is None else time.monotonic() + float(timeout)
+    try:
+        chan = t._session(deadline)
+    except NoChannelInTime:
+        raise t._timed_out(argv, float(timeout or 0)) from None
     try:
         chan.exec_command(shell_join(argv))
         feeder = _feed(chan, stdin)
