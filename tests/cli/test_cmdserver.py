@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from harness.foreground import FOREGROUND
 
 from dflashctl import cmdclient
 
@@ -408,7 +409,7 @@ def _start_hanging(srv: ServerEnv, tmp_path: Path, hosts: Path, served: bool,
         m.unlink()
     argv = [sys.executable, "-c", WRAPPER] if served else [str(DFLASHCTL)]
     env = srv.env if served else {**srv.env, "DFLASHCTL_NO_SERVER": "1"}
-    p = subprocess.Popen([*argv, "status", "--json", "--hosts", str(hosts)], env=env, cwd=srv.cwd,
+    p = subprocess.Popen([*FOREGROUND, *argv, "status", "--json", "--hosts", str(hosts)], env=env, cwd=srv.cwd,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
     wait_for(lambda: list(tmp_path.glob("started.*")), "the probe to start")
     cli_pid = int(next(tmp_path.glob("started.*")).read_text().split()[1])

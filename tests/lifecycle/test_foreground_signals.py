@@ -1,5 +1,5 @@
 """The harness's FOREGROUND prefix: a command it starts gets Ctrl-C as a KeyboardInterrupt even when the test process
-has SIGINT ignored at the moment it starts it (what a CI run caught; tests/harness/foreground.py)."""
+has SIGINT ignored (a suite started in the background by a shell: tests/harness/foreground.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ CHILD = ("import signal, sys\n"
 
 
 def start(prefix: list[str]) -> subprocess.Popen:
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the instant the CI run caught
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell's asynchronous command has it
     try:
         return subprocess.Popen([*prefix, sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
