@@ -361,6 +361,7 @@ def main(argv: list[str]) -> int:
     from dflashctl.remote import probe
 
     probe.build_script(), probe.hostpair_source(), probe.loader_source()  # our own files, read once
+    importlib.import_module("dflashctl.cli").built_command()  # typer's click command, built once for every child
     if client.code_key() != code:
         sys.stderr.write("dflashctl cmdserver: the code changed while it started; not serving\n")
         os._exit(0)

@@ -9,6 +9,7 @@ parent processes), `--install-completion` writes it into that shell's startup fi
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import typer
@@ -32,12 +33,19 @@ from dflashctl.cli import status as _status  # noqa: E402,F401
 # isort: on
 
 
+@functools.cache
+def built_command():  # noqa: ANN201 - a click command (typer._click), not worth importing its type here
+    """The click command behind `app`, built once a process (~10 ms): the command server builds it before it
+    forks, so a served call does not pay it. click commands keep no state between invocations."""
+    command = get_command(app)
+    coerce.install(command)  # no pydantic for plain values (issue 16)
+    return command
+
+
 def main(argv: list[str] | None = None) -> int:
     """The console script: the verb's exit code (DESIGN §5); never a traceback for a DflashError."""
     try:
-        command = get_command(app)
-        coerce.install(command)  # no pydantic for plain values (issue 16)
-        rv = command(args=argv, prog_name="dflashctl", standalone_mode=False)
+        rv = built_command()(args=argv, prog_name="dflashctl", standalone_mode=False)
     except DflashError as e:
         common.error(e.message, hint=e.hint)
         return int(e.exit_code)
