@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dflashctl.cmdclient import ensure_dir as ensure_dir  # the masters' folder: 0700, ours (one check for both)
 from dflashctl.model import Host
 
 PROTOCOL = 1  # part of the key: a client never talks to a master of another protocol
@@ -74,17 +75,6 @@ def masters_dir() -> Path:
     else:
         where = Path("~/.cache/dflashctl/masters").expanduser()
     return Path(os.path.abspath(where))
-
-
-def ensure_dir(path: Path) -> Path:
-    """The masters directory, made 0700 and checked to be ours: nobody else may reach our connections."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.lstat()
-    if not path.is_dir() or path.is_symlink() or st.st_uid != os.getuid():
-        raise PermissionError(f"{path} is not a directory owned by you")
-    if st.st_mode & 0o077:
-        path.chmod(0o700)
-    return path
 
 
 def connection_key(host: Host) -> str:
