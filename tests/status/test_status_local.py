@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -177,19 +178,26 @@ def test_status_all_one_line_per_host(run, local_host, tmp_path: Path, capsys) -
 
 
 def _kill_watch_probes(workspace: Path) -> int:
-    """SIGKILL the streaming probes watching `workspace`: the connection drops, the watch must reconnect."""
-    killed = 0
+    """SIGKILL the streaming probes watching `workspace`: the connection drops, the watch must reconnect.
+
+    Counts the probes, not their forks: a probe's child between fork and exec (its nvidia-smi each tick) still shows
+    the probe's command line, so a match whose parent also matched is that child, killed but not counted.
+    """
+    parents: dict[int, int] = {}
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
         try:
             argv = (p / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            ppid = int((p / "stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
         if b"--watch" in argv and str(workspace).encode() in argv:
-            os.kill(int(p.name), signal.SIGKILL)
-            killed += 1
-    return killed
+            parents[int(p.name)] = ppid
+    for pid in parents:
+        with contextlib.suppress(ProcessLookupError):  # a fork that has exec'd and ended since
+            os.kill(pid, signal.SIGKILL)
+    return sum(1 for ppid in parents.values() if ppid not in parents)
 
 
 def test_watch_reconnect_rereads_a_log_rotated_while_disconnected(run, local_host) -> None:  # noqa: ANN001
