@@ -177,14 +177,16 @@ class Master:
         threading.Thread(target=_watch_hangup, args=(conn, hung_up), name="master-hangup", daemon=True).start()
         argv = [str(a) for a in req["argv"]]
         data, stream = bytes(stdin) if req.get("stdin") else None, bool(req.get("stream"))
+        timeout = req.get("timeout")
+        deadline = None if timeout is None else time.monotonic() + float(timeout)  # a runner's start spends it too
         try:
             try:
                 if stream:
                     raise NotRouted("a stream keeps its channel")
-                code = self.runners.run(argv, data, req.get("timeout"), conn, hung_up)
+                code = self.runners.run(argv, data, timeout, conn, hung_up, deadline)
             except NotRouted:
-                code = run_channel(self.transport, argv, data, req.get("timeout"), conn, stream=stream,
-                                   hung_up=hung_up)
+                code = run_channel(self.transport, argv, data, timeout, conn, stream=stream, hung_up=hung_up,
+                                   deadline=deadline)
         except DflashError as e:
             wire.send_json(conn, wire.EXIT, {"error": type(e).__name__, "message": e.message, "hint": e.hint,
                                              "exit_code": int(e.exit_code)})
@@ -204,10 +206,13 @@ def _watch_hangup(conn: socket.socket, hung_up: threading.Event) -> None:
 
 
 def run_channel(t: SshTransport, argv: Sequence[str], stdin: bytes | None, timeout: float | None,
-                conn: socket.socket, *, stream: bool, hung_up: threading.Event) -> int | None:
+                conn: socket.socket, *, stream: bool, hung_up: threading.Event,
+                deadline: float | None = None) -> int | None:
     """SshTransport.run's loop, forwarding output as it comes instead of collecting it: same channel, same timeout
-    error, same exit status rules. None when the client hung up (the channel is closed, as a closed stream does)."""
-    deadline = None if timeout is None else time.monotonic() + float(timeout)
+    error, same exit status rules. None when the client hung up (the channel is closed, as a closed stream does).
+    deadline: the request's, when part of its time went elsewhere first (a runner that was still starting)."""
+    if deadline is None and timeout is not None:
+        deadline = time.monotonic() + float(timeout)
     try:
         chan = t._session(deadline)
     except NoChannelInTime:

@@ -3,9 +3,11 @@ Python runs, so a one-shot `[pct exec CT --] PYTHON -c SRC ARGS...` costs a fork
 `pct exec` and an interpreter start.
 
 - Only non-stream requests of that exact shape are routed (route()); everything else keeps its channel.
-- A runner starts on the first such request for its place. One that cannot start (no such Python, `pct exec`
-  refused, no hello within START_TIMEOUT_S) sends the request to a channel, and its place is not tried again for
-  RETRY_S.
+- A runner starts on the first such request for its place, which waits for its hello for at most half the time
+  it has left (START_TIMEOUT_S at most) and otherwise goes to a channel while the runner goes on starting for the
+  requests after it: a slow start never costs a request its timeout. One that cannot start (no such Python, `pct
+  exec` refused, no hello within START_TIMEOUT_S) sends its requests to channels, and its place is not tried again
+  for RETRY_S.
 - A request is committed once its frames are all sent: one whose send failed never reached the runner (it forks
   only on a whole STDIN frame) and runs on a channel; one in flight when the runner dies gets `ssh connection
   lost`, as a dying channel gives, and the next request starts a new runner.
@@ -30,7 +32,7 @@ from functools import lru_cache
 from dflashctl.agent import runner as proto
 from dflashctl.remote import masterwire as wire
 from dflashctl.remote.scripts import module_source
-from dflashctl.remote.ssh import SshTransport
+from dflashctl.remote.ssh import NoChannelInTime, SshTransport
 from dflashctl.remote.sshlib import paramiko
 from dflashctl.remote.transport import shell_join
 
@@ -46,6 +48,10 @@ Place = tuple[str, ...]  # the argv prefix that starts a Python there: ("python3
 
 class NotRouted(Exception):
     """This request runs on a channel of its own, as without runners."""
+
+
+class NotYet(NotRouted):
+    """The place's runner is still starting: this request runs on a channel, later ones may find it ready."""
 
 
 def route(argv: Sequence[str]) -> tuple[Place, str, list[str]] | None:
@@ -68,7 +74,9 @@ class Runner:
     """One runner's channel: requests are sent under send_lock; a reader thread hands each reply frame to the
     queue of its request."""
 
-    def __init__(self, t: SshTransport, place: Place):
+    def __init__(self, t: SshTransport, place: Place, deadline: float | None = None):
+        """Starts it (its hello is awaited by Runners.get): NotYet when the request's deadline came before sshd
+        gave the channel, NotRouted when it could not be started."""
         self.place = place
         self.send_lock = threading.Lock()
         self.calls_lock = threading.Lock()
@@ -76,15 +84,17 @@ class Runner:
         self.next_id = 1
         self.alive = True
         self.ready = threading.Event()
+        self.give_up_at = time.monotonic() + START_TIMEOUT_S  # no hello by then: it never will
         try:
-            self.chan = t._session()
+            self.chan = t._session(self.give_up_at if deadline is None else min(deadline, self.give_up_at))
             self.chan.exec_command(shell_join([*place, "-c", runner_source()]))
+        except NoChannelInTime:
+            if deadline is not None and deadline < self.give_up_at:
+                raise NotYet("no channel yet") from None
+            raise NotRouted("no channel for a runner") from None
         except Exception as e:  # noqa: BLE001 - any failure to start: the request goes to a channel
             raise NotRouted(str(e)) from None
         threading.Thread(target=self._read, name="runner-reader", daemon=True).start()
-        if not self.ready.wait(START_TIMEOUT_S) or not self.alive:
-            self.close()
-            raise NotRouted(f"no runner at {shell_join(place)}")
 
     def _read(self) -> None:
         buf = bytearray()
@@ -169,38 +179,58 @@ class Runners:
         self.refused: dict[Place, float] = {}
         self.starting: dict[Place, threading.Lock] = {}
 
-    def get(self, place: Place) -> Runner:
+    def get(self, place: Place, deadline: float | None = None) -> Runner:
+        """The place's runner, ready. A request waits for a starting one for at most half the time it has left
+        (NotYet: it takes a channel, the runner goes on starting); one that never says hello is given up."""
         with self.lock:
             if self.refused.get(place, 0.0) > time.monotonic():
                 raise NotRouted("runner refused lately")
             start_lock = self.starting.setdefault(place, threading.Lock())
-        with start_lock:  # two first requests at once start one runner
+        until = None if deadline is None else time.monotonic() + (deadline - time.monotonic()) / 2
+        if not start_lock.acquire(timeout=-1 if until is None else max(0.0, until - time.monotonic())):
+            raise NotYet("another request is starting the runner")
+        try:  # two first requests at once start one runner
             with self.lock:
                 runner = self.live.get(place)
-            if runner is not None and runner.alive:
-                return runner
-            try:
-                runner = Runner(self.t, place)
-            except NotRouted:
+            if runner is None or not runner.alive:
+                try:
+                    runner = Runner(self.t, place, until)
+                except NotYet:
+                    raise
+                except NotRouted:
+                    self._refuse(place)
+                    raise
                 with self.lock:
-                    self.refused[place] = time.monotonic() + RETRY_S
-                raise
-            with self.lock:
-                self.live[place] = runner
+                    self.live[place] = runner
+        finally:
+            start_lock.release()
+        wait_until = runner.give_up_at if until is None else min(until, runner.give_up_at)
+        if runner.ready.wait(max(0.0, wait_until - time.monotonic())) and runner.alive:
             return runner
+        if runner.ready.is_set() or time.monotonic() >= runner.give_up_at:  # it ended, or it never will say hello
+            runner.close()
+            self._refuse(place)
+            raise NotRouted(f"no runner at {shell_join(place)}")
+        raise NotYet("the runner is still starting")
+
+    def _refuse(self, place: Place) -> None:
+        with self.lock:
+            self.refused[place] = time.monotonic() + RETRY_S
+            self.live.pop(place, None)
 
     def run(self, argv: Sequence[str], stdin: bytes | None, timeout: float | None, conn: socket.socket,
-            hung_up: threading.Event) -> int | None:
+            hung_up: threading.Event, deadline: float | None = None) -> int | None:
         """run_channel's contract through a runner: output forwarded as it comes, the exit code returned, None when
         the client hung up; RemoteTimeout / ssh connection lost as a channel raises them. NotRouted: use a
-        channel."""
+        channel. deadline: the request's (time.monotonic()), from its timeout when not given."""
         routed = route(argv) if self.enabled else None
         if routed is None:
             raise NotRouted("not a PYTHON -c request")
         place, src, args = routed
-        runner = self.get(place)
+        if deadline is None and timeout is not None:
+            deadline = time.monotonic() + float(timeout)
+        runner = self.get(place, deadline)
         rid, q = runner.submit(src, args, stdin)
-        deadline = None if timeout is None else time.monotonic() + float(timeout)
         while True:
             try:
                 kind, data = q.get(timeout=POLL_S)

@@ -95,6 +95,11 @@ PROGRAMS = [
     "import signal; print([signal.getsignal(s) for s in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGTERM)])",
     "import atexit, threading, time; atexit.register(print, 'atexit'); "
     "threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()",
+    # the runner's child skips the interpreter's teardown (agent/runner.py finish): what a teardown does still shows
+    "f = open(1, 'w', closefd=False); print('first'); f.write('buffered, flushed when released at exit\\n')",
+    "import os, sys; sys.stdout = open(os.dup(1), 'w', buffering=8192); print('lost'); os.close(sys.stdout.fileno())",
+    # ^ stdout's flush at exit fails: the interpreter's message, and exit 120
+    "import sys; sys.stdout.close(); sys.exit(256 + 7)",
 ]
 
 
@@ -164,6 +169,24 @@ def test_a_place_whose_runner_cannot_start_runs_on_channels_and_is_not_retried_a
     assert log.read_text() == "try\n"
     unknown = master.run_host(["pct", "status", "999999"], timeout=60)  # not routed at all: pct's own answer
     assert unknown.exit_code == 2 and b"does not exist" in unknown.stderr
+
+
+def test_a_runner_slow_to_start_costs_no_request_its_time_and_serves_the_requests_after_it(
+        pair: tuple[Target, Target], tmp_path: Path) -> None:
+    """A python3 whose runner says hello only once a flag exists, and the first request is what makes the flag: it
+    must run on a channel while the runner waits (it waited the runner's whole start before, then the place was
+    refused), and the runner it started serves the next request."""
+    master, _ = pair
+    flag = tmp_path / "flag"
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/bash\ncase \"$*\" in *'A resident fork-server for'*)\n"
+                    f"  while [ ! -e {flag} ]; do sleep 0.05; done;;\nesac\nexec {sys.executable} \"$@\"\n")
+    fake.chmod(0o755)
+    # timeout 24: it waits for the starting runner half of that (less than the runner's 20 s to say hello)
+    first = master.run_host([str(fake), "-c", f"{PARENT}\nopen({str(flag)!r}, 'w')"], timeout=24)
+    assert (first.exit_code, first.stdout) == (0, b"False\n")  # on a channel: no runner is its parent
+    assert master.run_host([str(fake), "-c", PARENT], timeout=60).stdout == b"True\n"  # the runner, now ready
 
 
 def test_a_stopped_container_gives_the_channels_error_through_the_master(pair: tuple[Target, Target],
