@@ -84,20 +84,26 @@ class ProgressLines:
             self.progress.append(p)
             self._out.append(p)
             loss, norm = p.values.get("loss"), p.values.get("grad_norm")
-            line = text if text is not None else " ".join(f"{k}={v:g}" for k, v in p.values.items())
             if loss is not None and math.isfinite(loss) and (norm is None or math.isfinite(norm)):
                 self.last_finite_loss_line = p.line
             if any(v is not None and not math.isfinite(v) for v in (loss, norm)):
                 for rule in signatures.LOSS_RULES:
-                    self._hit(SignatureHit(rule.signature, p.line, line.strip()[:500]))
+                    self._hit(SignatureHit(rule.signature, p.line, _evidence(p, text)))
             if loss is not None and p.kind == "train":
                 if loss == 0.0:
                     self._zero_run += 1
                     if self._zero_run == signatures.ZERO_RUN:
                         for rule in signatures.ZERO_LOSS_RULES:
-                            self._hit(SignatureHit(rule.signature, p.line, line.strip()[:500]))
+                            self._hit(SignatureHit(rule.signature, p.line, _evidence(p, text)))
                 elif math.isfinite(loss):
                     self._zero_run = 0
                     self.last_nonzero_loss_line = p.line
         self._batch = []
         self._out.sort(key=event_line)
+
+
+def _evidence(p: ProgressPoint, text: str | None) -> str:
+    """A hit's evidence line: the line as read, or (found in bulk, not kept) the values it gave. Made only for a
+    hit: a one-shot status commits a thousand points and hits none."""
+    line = text if text is not None else " ".join(f"{k}={v:g}" for k, v in p.values.items())
+    return line.strip()[:500]
