@@ -14,9 +14,12 @@ import hashlib
 import os
 import re
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:  # annotations only: typing is not on the served client's way (cmdclient.py)
+    from collections.abc import Callable
+    from typing import IO, Any
 
 HELP_FLAGS = ("--help", "-h")
 _WORD = re.compile(r"[a-z][a-z0-9-]*\Z")
