@@ -11,7 +11,9 @@ ended at the end with `hosts disconnect`. Baselines: `python -c pass` (the
 interpreter's floor), `ssh -o ControlMaster=no host true` (ssh's floor) and the seed's raw one-liner; and `version` /
 `--help` of the tree before issue 16 (--before REV, default the last commit before it, exported with `git archive`
 and run as `python -P -m dflashctl` beside this tree run the same way). Calls alternate between the rows of a group,
-so load drifts hit all of them alike; the table gives median and best of N and the ratios of medians. Goals: version
+so load drifts hit all of them alike; the table gives median and best of N and the ratios of medians. A last table
+repeats the warm-master status with NVML readable in the container (the fake pynvml of tests/harness/fakes), as on
+a GPU host whose image has nvidia-ml-py, beside the one-liner (which runs nvidia-smi either way). Goals: version
 and --help ≤ 0.12 s; one-shot status over ssh ≤ 1.0× the raw one-liner without the master, ≤ 0.5× with it. Needs
 root and sshd, as the real-sshd tests do.
 """
@@ -33,6 +35,8 @@ from pathlib import Path
 from loopback import (
     DFLASHCTL,
     ROOT,
+    SEED_GPUS,
+    PveEnv,
     frozen_run,
     loopback_pve,
     publish,
@@ -82,6 +86,31 @@ def with_server(rows: dict[str, tuple[list[str], dict[str, str], Check]], name: 
     server_warm(env, argv)
     rows[f"{name}, server warm"] = (argv, env, ok)
     rows[f"{name}, no server"] = (argv, {**env, "DFLASHCTL_NO_SERVER": "1"}, ok)
+
+
+def nvml_rows(pve: PveEnv, state: Path, raw: list[str], status: list[str], env: dict[str, str],
+              calls: int) -> list[str]:
+    """The same status with NVML readable in the container, as on a GPU host whose image has nvidia-ml-py: the
+    probe reads the GPUs in-process (tests/harness/fakes/pynvml stands in for the bindings and the driver) while
+    the raw one-liner still runs nvidia-smi. The stand-in nvidia-smi's cost is mostly a Python start (see
+    gpu_probe_cost.md), so the table above charges both sides a GPU read a real host charges neither exactly."""
+    scenario = pve.tmp / "nvml-startup.json"
+    scenario.write_text(json.dumps({"gpus": [{"memory_used_mib": g["memory.used"], "utilization_pct": 0,
+                                              "name": "NVIDIA H100 80GB HBM3 (fake NVML)"} for g in SEED_GPUS]}))
+    with pve.conf.open("a") as conf:  # read by each `pct exec`: the runners the next master starts get it
+        conf.write(f"lxc.environment: PYTHONPATH={ROOT / 'tests' / 'harness' / 'fakes'}\n"
+                   f"lxc.environment: DFLASH_FAKE_NVML={scenario}\n")
+    subprocess.run([str(DFLASHCTL), "hosts", "disconnect"], env={**os.environ, "DFLASHCTL_STATE_DIR": str(state)},
+                   capture_output=True, timeout=60, check=False)  # masters and runners of the old environment
+    _, first = timed(status, {**env, "DFLASHCTL_NO_SERVER": "1"})  # untimed: starts the master
+    if b"(fake NVML)" not in first:
+        return ["", f"(NVML rows left out: the probe did not read the fake NVML: {first[:200]!r})"]
+    rows: dict[str, tuple[list[str], dict[str, str], Check]] = {
+        "raw one-liner (ControlMaster=no)": (raw, env, lambda o: b"===" in o)}
+    with_server(rows, "dflashctl status --json, warm master, NVML in the container", status, env, is_json_status)
+    seconds = measure(rows, calls)
+    return table("status --json over ssh, NVML readable in the container (fake pynvml; the one-liner: nvidia-smi)",
+                 seconds, "raw one-liner (ControlMaster=no)", {})
 
 
 def exported(rev: str) -> Path:
@@ -205,6 +234,8 @@ def main() -> int:
                          "raw one-liner (ControlMaster=no)", goals)
             if on is None:
                 out.append(f"| dflashctl status --json, warm master | {master_note} | | | ≤ 0.5× raw |")
+            else:
+                out += nvml_rows(pve, state, no_master, status, warm_env, args.calls)
         finally:
             # every master and the command server of this run's state dir
             subprocess.run([dfl, "hosts", "disconnect"], env={**os.environ, "DFLASHCTL_STATE_DIR": str(state)},
