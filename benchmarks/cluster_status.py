@@ -68,7 +68,7 @@ def main() -> int:
 
         rows = []
         for label, with_cluster, port in (("one host (meta without cluster)", False, None),
-                                          ("two nodes (node 0, then the rest)", True, None),
+                                          ("two nodes (asked at once)", True, None),
                                           ("two nodes, node 2 refuses", True, closed_port())):
             meta(with_cluster)
             write_hosts(port)
