@@ -42,6 +42,9 @@ PROTOCOL = 1
 IDLE_S_DEFAULT = 300.0
 MAX_SUN_PATH = 107
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Signals whose disposition the child takes from the client: ignored stays ignored (`nohup`, a shell's `&`), as
+# a CLI started by the same parent would have it.
+DISPOSITIONS = (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP)
 # Environment read when modules are imported (so a server started under other values would answer with those):
 # the interpreter's own start-up (PYTHON*, locale) and typer's module-level reads (core.py, rich_utils.py).
 _IMPORT_ENV = ("LANG", "LANGUAGE", "TYPER_USE_RICH", "TERMINAL_WIDTH", "_TYPER_FORCE_DISABLE_TERMINAL",
@@ -129,7 +132,8 @@ def request(argv: list[str], key: str) -> tuple[dict[str, Any], list[int]]:
     os.umask(mask)
     doc = {"op": "run", "key": key, "argv": [sys.argv[0], *argv], "cwd": os.getcwd(), "env": dict(os.environ),
            "umask": mask, "path": sys.path, "streams": streams, "cpus": sorted(os.sched_getaffinity(0)),
-           "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+           "nice": os.getpriority(os.PRIO_PROCESS, 0),
+           "ignored": [int(s) for s in DISPOSITIONS if signal.getsignal(s) is signal.SIG_IGN]}
     return doc, fds
 
 

@@ -3,8 +3,9 @@
 A one-shot `status --json` spends ~0.3 s in this laptop's interpreter before and after its one round trip (imports,
 regex tables, first-call set-up); a child forked from a process that has all of that done starts in a millisecond.
 The child runs the ordinary typer app (cli/__init__.py main) with the client's argv, cwd, environment, umask,
-sys.path, CPU affinity, niceness and standard streams (the client's own file descriptors, passed over the socket,
-rebuilt with its encodings and buffering), so its parsing, errors, output and exit code are the CLI's own. What it
+sys.path, CPU affinity, niceness, the terminal signals it ignores (nohup, a shell's `&`) and standard streams (the
+client's own file descriptors, passed over the socket, rebuilt with its encodings and buffering), so its parsing,
+errors, output and exit code are the CLI's own. What it
 does not take from the client: resource limits (ulimit) and cgroup, which stay those the server started with.
 cmdclient.py is the client and documents the files, the key and the knobs.
 
@@ -292,9 +293,11 @@ def recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
 # -- the child ----------------------------------------------------------------------------------------------------
 def run_child(doc: dict[str, Any], fds: list[int]) -> int:
     """Become the client's process as far as the CLI can tell, run the typer app, return its exit code."""
-    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
         signal.signal(s, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    for s in doc.get("ignored", ()):  # what the client ignores (nohup, `&`): so does a CLI its parent started
+        signal.signal(signal.Signals(int(s)), signal.SIG_IGN)
     os.setsid()  # its own process group: a forwarded Ctrl-C reaches it and what it started, as a terminal's would
     os.chdir(doc["cwd"])
     os.umask(int(doc["umask"]))

@@ -402,14 +402,15 @@ def hanging(srv: ServerEnv, tmp_path: Path) -> Iterator[Path]:
             os.kill(int(marker.read_text().split()[0]), signal.SIGKILL)
 
 
-def _start_hanging(srv: ServerEnv, tmp_path: Path, hosts: Path, served: bool,
+def _start_hanging(srv: ServerEnv, tmp_path: Path, hosts: Path, served: bool, start: list[str] = FOREGROUND,
                    **popen: object) -> tuple[subprocess.Popen, int]:
-    """The status command, waiting on its probe; (the client process, the pid of the process running the CLI)."""
+    """The status command, waiting on its probe; (the client process, the pid of the process running the CLI).
+    start: the argv prefix that sets the client's signal dispositions (a terminal's foreground job's by default)."""
     for m in tmp_path.glob("started.*"):
         m.unlink()
     argv = [sys.executable, "-c", WRAPPER] if served else [str(DFLASHCTL)]
     env = srv.env if served else {**srv.env, "DFLASHCTL_NO_SERVER": "1"}
-    p = subprocess.Popen([*FOREGROUND, *argv, "status", "--json", "--hosts", str(hosts)], env=env, cwd=srv.cwd,
+    p = subprocess.Popen([*start, *argv, "status", "--json", "--hosts", str(hosts)], env=env, cwd=srv.cwd,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
     wait_for(lambda: list(tmp_path.glob("started.*")), "the probe to start")
     cli_pid = int(next(tmp_path.glob("started.*")).read_text().split()[1])
@@ -430,6 +431,33 @@ def test_a_signal_to_the_client_reaches_the_child_and_ends_as_a_normal_run(srv: 
         ends.append((p.returncode, out, err))
     assert ends[0] == ends[1]
     assert ends[0][0] == (130 if signum == signal.SIGINT else -signal.SIGTERM), ends
+
+
+TERMINAL_SIGNALS = sum(1 << (s - 1) for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP))
+
+
+def _dispositions(pid: int) -> tuple[int, int]:
+    """(ignored, caught) among the terminal's signals, from /proc/PID/status (SigIgn, SigCgt)."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    fields = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+    return int(fields["SigIgn"], 16) & TERMINAL_SIGNALS, int(fields["SigCgt"], 16) & TERMINAL_SIGNALS
+
+
+@pytest.mark.parametrize("start", [FOREGROUND, ["env", "--ignore-signal=INT,HUP"]], ids=["foreground", "nohup-like"])
+def test_the_child_ignores_the_signals_its_client_ignores_and_no_others(srv: ServerEnv, tmp_path: Path,
+                                                                        hanging: Path, start: list[str]) -> None:
+    """A client started under nohup or by a shell's `&` ignores some signals: the CLI it runs must too, as the CLI
+    run in the client's own process does (the child used to reset them all)."""
+    srv.served("runs", "--json")
+    srv.up()
+    seen = []
+    for served in (True, False):
+        p, cli = _start_hanging(srv, tmp_path, hanging, served, start)
+        seen.append(_dispositions(cli))
+        p.send_signal(signal.SIGTERM)  # forwarded to a served child, as a terminal's would reach the CLI
+        p.communicate(timeout=60)
+    assert seen[0] == seen[1], [tuple(f"{m:#x}" for m in d) for d in seen]
+    assert bool(seen[0][0] & (1 << (signal.SIGINT - 1))) is (start != FOREGROUND)
 
 
 def test_a_client_that_dies_takes_its_child_with_it(srv: ServerEnv, tmp_path: Path, hanging: Path) -> None:
