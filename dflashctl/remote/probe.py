@@ -43,7 +43,6 @@ from dflashctl.agent.hostpair import XID_TIMEOUT_S
 from dflashctl.agent.probe.main import PROBE_VERSION
 from dflashctl.errors import DflashError, ExitCode, NotFound
 from dflashctl.model import HostGpuReport
-from dflashctl.remote.masterclient import MasterTransport
 from dflashctl.remote.scripts import module_source, parse_replies, parse_reply
 from dflashctl.remote.target import Target
 from dflashctl.remote.transport import Result
@@ -127,7 +126,7 @@ def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset
     paired = xid and target.host.container is not None
     args = probe_args(workspace, run, log_offset, procs=procs, gpus=gpus, runs=runs, log_max=log_max,
                       log_inode=log_inode, pids=pids, events=events, xid=xid and not paired)
-    if paired and isinstance(target.transport, MasterTransport):
+    if paired and target.transport.forks_requests:
         res = _halves_at_once(target, args, timeout)
     elif paired:
         res = target.run_host(["python3", "-c", hostpair_source(), str(target.host.container), target.host.python,

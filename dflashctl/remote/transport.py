@@ -54,9 +54,13 @@ def shell_join(argv: Sequence[str]) -> str:
 
 
 class Transport(ABC):
-    """How bytes reach a machine. Subclasses: LocalTransport (subprocess), SshTransport (paramiko)."""
+    """How bytes reach a machine. Subclasses: LocalTransport (subprocess), SshTransport (paramiko),
+    MasterTransport (through a connection master)."""
 
     name: str = "transport"
+    # Two one-shot Python requests in flight at once cost about what one does (a master's resident runners fork
+    # each): a caller may then split one round trip into requests sent together (remote/probe.py, hostpair).
+    forks_requests: bool = False
 
     @abstractmethod
     def run(
