@@ -152,16 +152,23 @@ def test_one_shot_requests_go_to_the_runner_and_streams_and_persist_0_keep_their
     assert plain.run(["python3", "-c", PARENT], timeout=60).stdout == b"False\n"
 
 
+def fake_python(tmp_path: Path, as_runner: str) -> Path:
+    """A python3 that runs the shell line as_runner first when asked to be the runner, then (unless it exits) the
+    real interpreter, as it does for everything else."""
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/bash\ncase \"$*\" in *'A resident fork-server for'*) {as_runner};; esac\n"
+                    f"exec {sys.executable} \"$@\"\n")
+    fake.chmod(0o755)
+    return fake
+
+
 def test_a_place_whose_runner_cannot_start_runs_on_channels_and_is_not_retried_at_once(
         pair: tuple[Target, Target], pve: PveEnv, tmp_path: Path) -> None:
     """A python3 that refuses to be the runner (and logs each try) but runs everything else."""
     master, plain = pair
     log = tmp_path / "tries.log"
-    fake = tmp_path / "bin" / "python3"
-    fake.parent.mkdir()
-    fake.write_text(f"#!/bin/bash\ncase \"$*\" in *'A resident fork-server for'*) echo try >> {log}; exit 1;; esac\n"
-                    f"exec {sys.executable} \"$@\"\n")
-    fake.chmod(0o755)
+    fake = fake_python(tmp_path, f"echo try >> {log}; exit 1")
     for _ in range(3):
         a = master.run_host([str(fake), "-c", PARENT + "\nimport sys; sys.exit(4)"], timeout=60)
         b = plain.run_host([str(fake), "-c", PARENT + "\nimport sys; sys.exit(4)"], timeout=60)
@@ -178,11 +185,7 @@ def test_a_runner_slow_to_start_costs_no_request_its_time_and_serves_the_request
     refused), and the runner it started serves the next request."""
     master, _ = pair
     flag = tmp_path / "flag"
-    fake = tmp_path / "bin" / "python3"
-    fake.parent.mkdir()
-    fake.write_text(f"#!/bin/bash\ncase \"$*\" in *'A resident fork-server for'*)\n"
-                    f"  while [ ! -e {flag} ]; do sleep 0.05; done;;\nesac\nexec {sys.executable} \"$@\"\n")
-    fake.chmod(0o755)
+    fake = fake_python(tmp_path, f"while [ ! -e {flag} ]; do sleep 0.05; done")
     # timeout 24: it waits for the starting runner half of that (less than the runner's 20 s to say hello)
     first = master.run_host([str(fake), "-c", f"{PARENT}\nopen({str(flag)!r}, 'w')"], timeout=24)
     assert (first.exit_code, first.stdout) == (0, b"False\n")  # on a channel: no runner is its parent
