@@ -83,7 +83,8 @@ class Runner:
         self.calls: dict[int, queue.SimpleQueue] = {}
         self.next_id = 1
         self.alive = True
-        self.ready = threading.Event()
+        self.greeted = False  # it said hello: it ran, so its end is a runner gone, not a place that refuses one
+        self.ready = threading.Event()  # set by its hello, or by its end
         self.give_up_at = time.monotonic() + START_TIMEOUT_S  # no hello by then: it never will
         try:
             self.chan = t._session(self.give_up_at if deadline is None else min(deadline, self.give_up_at))
@@ -126,6 +127,7 @@ class Runner:
 
     def _dispatch(self, kind: bytes, rid: int, payload: bytes) -> None:
         if kind == proto.HELLO:
+            self.greeted = True
             self.ready.set()
             return
         with self.calls_lock:
@@ -205,13 +207,16 @@ class Runners:
         finally:
             start_lock.release()
         wait_until = runner.give_up_at if until is None else min(until, runner.give_up_at)
-        if runner.ready.wait(max(0.0, wait_until - time.monotonic())) and runner.alive:
-            return runner
-        if runner.ready.is_set() or time.monotonic() >= runner.give_up_at:  # it ended, or it never will say hello
-            runner.close()
-            self._refuse(place)
-            raise NotRouted(f"no runner at {shell_join(place)}")
-        raise NotYet("the runner is still starting")
+        if runner.ready.wait(max(0.0, wait_until - time.monotonic())):
+            if runner.alive:
+                return runner
+            if runner.greeted:
+                raise NotRouted("runner gone")  # it served, then ended: the next request starts a new one
+        elif time.monotonic() < runner.give_up_at:
+            raise NotYet("the runner is still starting")
+        runner.close()  # it ended before its hello, or it never will say one
+        self._refuse(place)
+        raise NotRouted(f"no runner at {shell_join(place)}")
 
     def _refuse(self, place: Place) -> None:
         with self.lock:
