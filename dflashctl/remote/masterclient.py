@@ -39,7 +39,6 @@ class MasterTransport(Transport):
     """Runs argv on an ssh host through the host's connection master (started on first use)."""
 
     name = "ssh"
-    forks_requests = True  # its runners (remote/runnerlink.py)
 
     def __init__(self, host: Host, place: wire.Place | None = None):
         self.host = host

@@ -58,9 +58,10 @@ class Transport(ABC):
     MasterTransport (through a connection master)."""
 
     name: str = "transport"
-    # Two one-shot Python requests in flight at once cost about what one does (a master's resident runners fork
-    # each): a caller may then split one round trip into requests sent together (remote/probe.py, hostpair).
-    forks_requests: bool = False
+
+    def check_connection(self) -> None:  # noqa: B027 - not abstract: a local transport has nothing to connect
+        """Connect now (raising the mapped error) instead of at the first command."""
+        return None
 
     @abstractmethod
     def run(
