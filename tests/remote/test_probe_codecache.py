@@ -1,5 +1,6 @@
 """The one-shot probe in a real container (pct stand-in over real sshd) runs from the container's compiled-code
-cache (agent/codecache.py, sent beside the host's kernel-log half): the first call writes the entry, a corrupt one is compiled anew."""
+cache (agent/codecache.py, sent beside the host's kernel-log half): the first call writes the entry, a corrupt one is
+compiled anew."""
 
 from __future__ import annotations
 
