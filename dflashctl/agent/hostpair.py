@@ -16,8 +16,6 @@ from dflashctl.agent.lib.frame import frame
 from dflashctl.agent.probe.version import PROBE_VERSION
 from dflashctl.agent.probe.xid import xid_report
 
-XID_TIMEOUT_S = 20.0  # how long the laptop waits for this half once the container's is in
-
 
 def main(argv: list) -> int:
     if argv:

@@ -39,7 +39,6 @@ import threading
 from collections.abc import Generator, Iterator
 from functools import lru_cache
 
-from dflashctl.agent.hostpair import XID_TIMEOUT_S
 from dflashctl.agent.probe.main import PROBE_VERSION
 from dflashctl.errors import DflashError, ExitCode, NotFound
 from dflashctl.model import HostGpuReport
@@ -133,8 +132,6 @@ def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset
     docs = parse_frames(res.stdout)
     main = [d for d in docs if "xid" not in d] if paired else docs
     if not main:
-        if paired and res.exit_code not in (0, 127):
-            target.ensure_running()  # a stopped or unknown container: the precise one-line error
         raise _no_report(target, res.exit_code, res.tail())
     doc = main[-1]
     if paired:
@@ -147,13 +144,17 @@ def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset
     return doc
 
 
+HOST_HALF_WAIT_S = 20.0  # how long the kernel-log half may lag the container's probe before it is left out
+
+
 def _halves_at_once(target: Target, args: list[str], timeout: float | None) -> Result:
     """A container host's two readings as two requests sent together: the container's probe (`pct exec`) and the
     Proxmox host's kernel-log read (agent/hostpair.py). Their waits overlap, so it costs one round trip: through a
     connection master each is a fork of a resident runner, without one each a channel of the one connection
     (measured: 145 ms against 204-212 ms for one command running both from the host, two interpreter starts in a
     row). Merged as the laptop reads them: the kernel-log reply first, then the container probe's output and exit
-    status; a kernel-log half that fails or outlasts XID_TIMEOUT_S is left out (the report's xid note says so)."""
+    status (a failed one asks `pct status` for the precise error, as Target.run does for every command); a
+    kernel-log half that fails or outlasts HOST_HALF_WAIT_S is left out (the report's xid note says so)."""
     target.transport.check_connection()  # once, here: two threads would each try a refused or silent host in turn
     xid: list[bytes] = []
 
@@ -163,9 +164,9 @@ def _halves_at_once(target: Target, args: list[str], timeout: float | None) -> R
 
     side = threading.Thread(target=host_half, name="probe-xid", daemon=True)
     side.start()
-    res = target.transport.run(target.wrap([target.host.python, "-c", loader_source(), *args]),
-                               stdin=build_script().encode(), timeout=timeout)
-    side.join(XID_TIMEOUT_S)
+    res = target.run([target.host.python, "-c", loader_source(), *args], stdin=build_script().encode(),
+                     timeout=timeout)
+    side.join(HOST_HALF_WAIT_S)
     return Result(res.argv, res.exit_code, b"".join(xid[:1]) + res.stdout, res.stderr)
 
 
