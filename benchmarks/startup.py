@@ -75,8 +75,9 @@ def hosts_with_persist(base: Path, seconds: float) -> Path | None:
 def server_warm(env: dict[str, str], argv: list[str]) -> None:
     """Start the command server for env (an eligible call leaves one starting) and wait until it listens."""
     timed(argv, env)
-    folder = cmdclient.server_dir(env)
-    assert folder is not None
+    found = cmdclient.server_dir(env)
+    assert found is not None
+    folder = Path(found)
     wait_for(lambda: any(cmdclient.dial(s) for s in folder.glob("*.sock")), what="the command server")
 
 

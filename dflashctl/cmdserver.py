@@ -34,6 +34,7 @@ import gc
 import importlib
 import io
 import json
+import marshal
 import os
 import select
 import signal
@@ -81,11 +82,11 @@ class Server:
 
     @property
     def sock_path(self) -> Path:
-        return client.place(self.folder, self.key, "sock")
+        return Path(client.place(self.folder, self.key, "sock"))
 
     @property
     def info_path(self) -> Path:
-        return client.place(self.folder, self.key, "json")
+        return Path(client.place(self.folder, self.key, "json"))
 
     def listen(self) -> None:
         """Bound under a temporary name with umask 0177 (0600 from the start), then renamed over the real one."""
@@ -153,7 +154,7 @@ class Server:
                 conn.close()  # another user's process: not a byte, no descriptor
                 return
             doc, fds = recv_request(conn)
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, EOFError, TypeError):
             conn.close()
             return
         try:
@@ -213,7 +214,7 @@ class Server:
                 _kill(child.pid, signal.SIGHUP, group=True)
             return
         child.buf += data
-        for doc in _frames(child.buf):  # forwarded signals, as cmdclient.send_doc frames them
+        for doc in client.take_frames(child.buf):  # forwarded signals, as cmdclient.send_doc frames them
             signum = int(doc.get("signal", 0))
             if doc.get("op") == "signal" and signum in client.FORWARDED:
                 # Ctrl-C and a closed terminal reach a whole foreground process group; `kill PID` the process
@@ -251,20 +252,8 @@ class Server:
             self.listener = None
 
 
-def _frames(buf: bytearray) -> list[dict[str, Any]]:
-    """The whole frames in buf, taken out of it (a torn one stays)."""
-    out = []
-    while len(buf) >= 4:
-        (n,) = struct.unpack(">I", buf[:4])
-        if len(buf) < 4 + n:
-            break
-        out.append(json.loads(bytes(buf[4:4 + n])))
-        del buf[:4 + n]
-    return out
-
-
 def _say(conn: socket.socket, doc: dict[str, Any]) -> None:
-    conn.sendall(json.dumps(doc).encode() + b"\n")
+    client.send_doc(conn, doc)  # the client's own framing, both ways
 
 
 def _kill(pid: int, signum: int, *, group: bool = False) -> None:
@@ -287,7 +276,7 @@ def recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
         if not more:
             raise ValueError("client hung up")
         data += more
-    return json.loads(data), list(fds)
+    return marshal.loads(bytes(data)), list(fds)
 
 
 # -- the child ----------------------------------------------------------------------------------------------------
