@@ -39,6 +39,16 @@ _BAR_RE = re.compile(  # n/total [elapsed<eta, rate unit(, postfix)] — the pos
     r"(?:^|\r|[^\d/])(\d+)/(\d+)\s*\[(\d[\d:]*)<(\?|\d[\d:]*),\s*(\?|[\d.]+)\s*([A-Za-z]+/s|s/[A-Za-z]+)"
     r"(?:,\s*([^\]]*))?(?:\]|$)")
 _BAR_DESC_OK = re.compile(r"epoch|train|step|iter|batch", re.IGNORECASE)
+# Cheap necessary conditions, checked before the regexes they guard (a scan parses a thousand lines at a time):
+# _OF_TOTAL_RE needs a digit, `/`, a digit; _GRAD_NORM_RE the word grad in any case.
+_DIGIT_SLASH_RE = re.compile(r"\d\s*/\s*\d")
+# `k=v k=v …` and nothing else (our trainer's contract, and most hand-written loggers): for such a line _KV_RE finds
+# exactly its pairs (each key starts after a space or the line's start, each value is one whole number) and
+# _SPACED_RE nothing (its keywords would have to end where a number ends), so a plain split gives the same values.
+_V = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_K = r"[A-Za-z_][\w./-]*"
+_PLAIN_KV_LINE_RE = re.compile(rf"{_K}={_V}(?: {_K}={_V})*")
+_PLAIN_PAIR_RE = re.compile(r"([^ =]+)=([^ ]+)")
 _KEY_ALIASES = {
     "iter": "step", "iteration": "step", "global_step": "step", "tps": "tok/s", "tokens/s": "tok/s", "tok/sec": "tok/s",
     "tokens_per_sec": "tok/s", "tokens_per_second": "tok/s", "tok_per_s": "tok/s", "wps": "tok/s",
@@ -134,21 +144,25 @@ def parse_progress(text: str, line: int, user: re.Pattern[str] | None = None) ->
         return None
     text = split(text).body  # `[2023-07-25 21:03:17,269] [INFO] [logging.py:96:log_dist] step=35 …`
     values: dict[str, float] = {}
-    bar = _bar(text) if "/" in text and "[" in text else None
+    slash = "/" in text
+    bar = _bar(text) if slash and "[" in text else None
     if bar is not None:
         values.update(bar)
-    m = _GRAD_NORM_RE.search(text)
-    if m:
-        values.setdefault("grad_norm", float(m.group(1)))
-    m = _OF_TOTAL_RE.search(text)
-    if m and "step" not in values:
-        values["step"], values["total"] = float(m.group(1)), float(m.group(2))
-    for key, num in _KV_RE.findall(text):
+    if "grad" in text.lower():
+        m = _GRAD_NORM_RE.search(text)
+        if m:
+            values.setdefault("grad_norm", float(m.group(1)))
+    if slash and _DIGIT_SLASH_RE.search(text):
+        m = _OF_TOTAL_RE.search(text)
+        if m and "step" not in values:
+            values["step"], values["total"] = float(m.group(1)), float(m.group(2))
+    plain = _PLAIN_KV_LINE_RE.fullmatch(text) is not None
+    for key, num in (_PLAIN_PAIR_RE if plain else _KV_RE).findall(text):
         k = key.lower()
         k = _KEY_ALIASES.get(k, k)
         if k not in values:
             values[k] = float(num)
-    for key, num in _SPACED_RE.findall(text):
+    for key, num in () if plain else _SPACED_RE.findall(text):
         k = _KEY_ALIASES.get(key.lower(), key.lower())
         values.setdefault(k, float(num))
     if "step" in values and not values["step"].is_integer():  # DeepSpeed's timers: `step: 1172.13` (ms)
