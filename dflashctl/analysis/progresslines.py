@@ -47,8 +47,9 @@ class ProgressLines:
         loss followed by finite ones is history. Returns how many it found."""
         found = 0
         hi, line_no = stop, last_line  # hi: end of the region still to look at; line_no: its last line
-        last_at = {t: buf.rfind(t, start, hi) for t in _PROGRESS_TOKENS}  # each token's latest occurrence
-        while found < budget:
+        # each token's latest occurrence; a token the stretch lacks is never looked for again
+        last_at = {t: a for t in _PROGRESS_TOKENS if (a := buf.rfind(t, start, hi)) >= 0}
+        while found < budget and last_at:
             for t, a in last_at.items():
                 if a >= hi:  # that occurrence is in a line already looked at: find the one before it
                     last_at[t] = buf.rfind(t, start, hi)
