@@ -9,7 +9,7 @@ TEST_WORKERS ?= 4
 
 .PHONY: demo test lint sshd-deps bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile  # the install recipe is part of what was installed
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# compat: the tree on sys.path by a plain .pth line, as a wheel's files are. The default editable finder is an
 	@# import hook that site.py runs at every interpreter start: 17 ms of pathlib/re/fnmatch imports each time
