@@ -4,7 +4,8 @@
 
 Rows: `dflashctl version`, `--help` (from the help cache, and with it off: DFLASHCTL_NO_HELP_CACHE=1),
 `status --json` on a local run, `status --json` over ssh (loopback sshd + pct stand-in, benchmarks/loopback.py) with
-no connection master (`persist = 0`) and with a warm one (one untimed call first); each `status --json` row twice, with
+no connection master (`persist = 0`) and with a warm one (one untimed call first), and the plain `status` (the table)
+through the warm one; each `status` row twice, with
 the command server warm (dflashctl/cmdserver.py: started by an untimed call, waited for) and with it off
 (DFLASHCTL_NO_SERVER=1). Masters and server live in a state directory of the run's own (DFLASHCTL_STATE_DIR),
 ended at the end with `hosts disconnect`. Baselines: `python -c pass` (the
@@ -227,6 +228,9 @@ def main() -> int:
                 warm_env = {**env, "DFLASHCTL_HOSTS": str(on)}
                 timed(status, {**warm_env, "DFLASHCTL_NO_SERVER": "1"})  # untimed: starts the master
                 with_server(rows, "dflashctl status --json, warm master", status, warm_env, is_json_status)
+                # what a person types: the table (served the same way since it stopped needing --json)
+                with_server(rows, "dflashctl status (the table), warm master", [dfl, "status"], warm_env,
+                            lambda o: ssh_run.name.encode() in o)
             seconds = measure(rows, args.calls)
             goals = {f"dflashctl status --json, persist = 0, {s}": "≤ 1.0× raw" for s in ("server warm", "no server")}
             goals.update({f"dflashctl status --json, warm master, {s}": "≤ 0.5× raw"

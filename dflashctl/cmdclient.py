@@ -52,9 +52,10 @@ _SHORT_WATCH = "w"  # `status -w`, also inside a bundle of short flags such as `
 
 
 def eligible(argv: list[str]) -> bool:
-    """One-shot JSON commands that neither draw live nor read the terminal: `status … --json` without --watch/-w,
-    and `runs … --json`. Textual and conservative (no second parser): anything unusual runs the normal way."""
-    if len(argv) < 2 or argv[0] not in ("status", "runs") or "--json" not in argv[1:]:
+    """One-shot commands that neither draw live nor read the terminal: `status` without --watch/-w, and `runs`, as
+    JSON or as the table (the child renders it onto the client's own terminal: rich sees the same tty, size and
+    colours). Textual and conservative (no second parser): anything unusual runs the normal way."""
+    if not argv or argv[0] not in ("status", "runs"):
         return False
     for arg in argv[1:]:
         if arg in ("--", "--help", "-h", "--watch") or arg.startswith("--watch="):

@@ -1,7 +1,8 @@
 """The command server: a per-user background process that has imported the CLI, forking one child per command.
 
-A one-shot `status --json` spends ~0.3 s in this laptop's interpreter before and after its one round trip (imports,
-regex tables, first-call set-up); a child forked from a process that has all of that done starts in a millisecond.
+A one-shot `status` (`--json` or the table) spends ~0.3 s in this laptop's interpreter before and after its one round
+trip (imports, regex tables, first-call set-up); a child forked from a process that has all of that done starts in a
+millisecond.
 The child runs the ordinary typer app (cli/__init__.py main) with the client's argv, cwd, environment, umask,
 sys.path, CPU affinity, niceness, the terminal signals it ignores (nohup, a shell's `&`) and standard streams (the
 client's own file descriptors, passed over the socket, rebuilt with its encodings and buffering), so its parsing,
@@ -51,13 +52,16 @@ from typing import Any
 from dflashctl import cmdclient as client
 
 POLL_S = 0.5
-# Imported before the first fork: what `status --json` and `runs --json` import on their way (local or ssh, through
+# Imported before the first fork: what one-shot `status` and `runs` import on their way (local or ssh, through
 # a connection master or not), so that no child pays for it.
 WARM = ("dflashctl.cli", "dflashctl.commands.status", "dflashctl.commands.runs", "dflashctl.remote",
         "dflashctl.remote.target", "dflashctl.remote.probe", "dflashctl.remote.masterclient", "dflashctl.remote.ssh",
         "dflashctl.analysis.health", "dflashctl.config", "dflashctl.model", "rich.console", "rich.text",
         "dflashctl.commands.cluster_meta", "dflashctl.sentinel.hostkeys", "typer._click.decorators", "rich.markup",
-        "tomllib", "tempfile", "shlex", "queue", "concurrent.futures")
+        "tomllib", "tempfile", "shlex", "queue", "concurrent.futures",
+        # the table a terminal gets (status, runs without --json)
+        "dflashctl.cli.statusview", "dflashctl.cli.timeline", "dflashctl.cli.gpuhealth", "rich.table",
+        "rich._emoji_codes")
 
 
 @dataclass
@@ -350,6 +354,11 @@ def main(argv: list[str]) -> int:
     for name in WARM:
         importlib.import_module(name)
     importlib.import_module("dflashctl.remote.sshlib").paramiko  # noqa: B018 - persist = 0 hosts take paramiko
+    with contextlib.suppress(ImportError, AttributeError, IndexError):  # rich's width table, as its load() names it
+        # (imported, not loaded: load() reads UNICODE_VERSION from the child's environment, then finds it imported)
+        from rich._unicode_data._versions import VERSIONS
+
+        importlib.import_module(f"rich._unicode_data.unicode{VERSIONS[-1].replace('.', '-')}")
     from dflashctl.remote import probe
 
     probe.build_script(), probe.hostpair_source(), probe.loader_source()  # our own files, read once

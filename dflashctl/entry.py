@@ -1,7 +1,7 @@
 """The console script's first step: `dflashctl version` answers before typer (and everything it pulls in) is
 imported, since scripts call it in loops and a version check should cost what `python -c pass` does (issue 16);
-`--help` is printed from the help cache when typer printed the same before (helpcache.py); a one-shot JSON command
-(`status --json`, `runs --json`) runs in a child of the command server when one is up (cmdclient.py, cmdserver.py);
+`--help` is printed from the help cache when typer printed the same before (helpcache.py); a one-shot `status` or
+`runs` (the table or --json) runs in a child of the command server when one is up (cmdclient.py, cmdserver.py);
 every other command line goes to the typer app (cli/__init__.py main)."""
 
 from __future__ import annotations

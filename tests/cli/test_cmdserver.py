@@ -148,6 +148,9 @@ CASES = {
     "missing run": ("status", "nope", "--json"),
     "bad option": ("status", "--json", "--bogus"),
     "config error": ("status", "--json", "--hosts", "missing.toml"),
+    "status table": ("status",),
+    "runs table": ("runs",),
+    "missing run, table": ("status", "nope"),
 }
 
 
@@ -160,7 +163,9 @@ def test_the_same_bytes_and_exit_codes_with_and_without_the_server(srv: ServerEn
         assert a.stderr == b.stderr, name
         assert a.returncode == b.returncode, name
     assert got == {"ok status": (0, 0), "ok runs": (0, 0), "missing run": (102, 102), "bad option": (2, 2),
-                   "config error": (2, 2)}
+                   "config error": (2, 2), "status table": (0, 0), "runs table": (0, 0),
+                   "missing run, table": (102, 102)}
+    assert b"FINISHED" in srv.served("status").stdout
     assert srv.normal("status", "nope", "--json").stderr.startswith(b"ERROR: run 'nope'")
 
 
@@ -189,10 +194,11 @@ def test_a_terminal_gets_the_same_bytes_colour_and_width_included(srv: ServerEnv
 
     srv.served("runs", "--json")
     srv.up()
-    for argv in (("status", "nope", "--json"), ("status", "--json", "--bogus")):
+    for argv in (("status", "nope", "--json"), ("status", "--json", "--bogus"), ("status",), ("runs",)):
         served, plain = on_pty(client, *argv), on_pty(normal, *argv)
         assert served == plain and served[0] != NOT_SERVED, argv
-        assert b"\x1b[" in served[1], served  # coloured: the child's stderr is a terminal
+        assert b"\x1b[" in served[1], served  # coloured: the child's stdout and stderr are a terminal
+    assert b"FINISHED" in on_pty(client, "status")[1]  # the table itself, served
 
 
 def test_over_ssh_through_a_warm_master_and_known_hosts_read_per_call(srv: ServerEnv, pve, tmp_path: Path) -> None:  # noqa: ANN001
@@ -345,12 +351,14 @@ def test_a_socket_with_no_listener_is_replaced(srv: ServerEnv) -> None:
 def test_off_with_no_server_and_for_commands_that_are_not_eligible(srv: ServerEnv) -> None:
     p = srv.client("status", "--json", env={**srv.env, "DFLASHCTL_NO_SERVER": "1"})
     assert p.returncode == NOT_SERVED and not srv.folder.exists()
-    for argv in (["status"], ["status", "--json", "--watch"], ["status", "--json", "-w"], ["status", "-jw", "--json"],
-                 ["logs", "--json"], ["status", "--json", "--help"], ["status", "--json", "--", "x"], ["--json"]):
+    for argv in (["status", "--watch"], ["status", "--json", "--watch"], ["status", "--json", "-w"],
+                 ["status", "-jw", "--json"], ["status", "-w"], ["logs", "--json"], ["logs"],
+                 ["status", "--json", "--help"], ["status", "-h"], ["status", "--json", "--", "x"], ["--json"], []):
         assert not cmdclient.eligible(argv), argv
-    for argv in (["status", "--json"], ["status", "RUN", "--json", "-H", "pve", "-i", "2"], ["runs", "--json"]):
+    for argv in (["status", "--json"], ["status", "RUN", "--json", "-H", "pve", "-i", "2"], ["runs", "--json"],
+                 ["status"], ["status", "RUN", "-H", "pve"], ["runs"], ["status", "--all"]):
         assert cmdclient.eligible(argv), argv
-    assert srv.client("status").returncode == NOT_SERVED and not srv.folder.exists()
+    assert srv.client("logs").returncode == NOT_SERVED and not srv.folder.exists()
     bare = {k: v for k, v in srv.env.items() if k not in ("DFLASHCTL_STATE_DIR", "XDG_RUNTIME_DIR")}
     p = srv.client("runs", "--json", env={**bare, "HOME": "rel"})  # only a relative home: no server, nothing made
     assert p.returncode == NOT_SERVED and not (srv.cwd / "rel").exists()
