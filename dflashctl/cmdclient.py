@@ -161,12 +161,14 @@ def take_frames(buf: bytearray) -> list[dict[str, Any]]:
 
 
 def read_frames(sock: _socket.socket, buf: bytearray) -> list[dict[str, Any]] | None:
-    """The frames that arrived (buf keeps a torn one); None when the peer hung up."""
-    chunk = sock.recv(65536)
-    if not chunk:
-        return None
-    buf += chunk
-    return take_frames(buf)
+    """The next whole frames (at least one; buf keeps a torn one); None when the peer hung up first."""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        buf += chunk
+        if docs := take_frames(buf):
+            return docs
 
 
 def dial(path: str | os.PathLike[str]) -> _socket.socket | None:
@@ -233,8 +235,6 @@ def _wait(sock: _socket.socket, folder: str, key: str) -> int | None:
         if h != _signal.SIG_IGN:
             _signal.signal(s, forward)
     docs = read_frames(sock, buf)
-    while docs == []:
-        docs = read_frames(sock, buf)
     if not docs or not docs[0].get("accepted"):
         for s, h in old.items():
             _signal.signal(s, h if h is not None else _signal.SIG_DFL)
@@ -335,11 +335,7 @@ def _stop(path: str, timeout: float) -> int | None:
         if peer_uid(sock) != os.getuid():
             return None
         send_doc(sock, {"op": "quit"})
-        buf = bytearray()
-        docs = read_frames(sock, buf)
-        while docs == []:  # a torn frame: the rest is on its way
-            docs = read_frames(sock, buf)
-        docs = docs or [{}]
+        docs = read_frames(sock, bytearray()) or [{}]
     except (OSError, ValueError, EOFError, TypeError):
         return None
     finally:
