@@ -280,7 +280,10 @@ def recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
         if not more:
             raise ValueError("client hung up")
         data += more
-    return marshal.loads(bytes(data)), list(fds)
+    doc = marshal.loads(bytes(data))
+    if not isinstance(doc, dict):
+        raise ValueError("a request is a dict")
+    return doc, list(fds)
 
 
 # -- the child ----------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import ast
 import contextlib
 import fcntl
 import json
+import marshal
 import os
 import pty
 import re
@@ -151,6 +152,7 @@ CASES = {
     "status table": ("status",),
     "runs table": ("runs",),
     "missing run, table": ("status", "nope"),
+    "every host": ("status", "--all"),
 }
 
 
@@ -164,7 +166,7 @@ def test_the_same_bytes_and_exit_codes_with_and_without_the_server(srv: ServerEn
         assert a.returncode == b.returncode, name
     assert got == {"ok status": (0, 0), "ok runs": (0, 0), "missing run": (102, 102), "bad option": (2, 2),
                    "config error": (2, 2), "status table": (0, 0), "runs table": (0, 0),
-                   "missing run, table": (102, 102)}
+                   "missing run, table": (102, 102), "every host": (0, 0)}
     assert b"FINISHED" in srv.served("status").stdout
     assert srv.normal("status", "nope", "--json").stderr.startswith(b"ERROR: run 'nope'")
 
@@ -297,6 +299,13 @@ def test_two_interpreter_set_ups_get_a_server_each_instead_of_replacing_each_oth
 def test_a_request_with_another_key_is_refused_before_anything_runs(srv: ServerEnv) -> None:
     srv.served("runs", "--json")
     pid = srv.up()
+    for junk in (marshal.dumps(["not", "a", "dict"]), b"\xff not marshal"):  # hung up on, and the server goes on
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(srv.file("sock")))
+            s.sendall(struct.pack(">I", len(junk)) + junk)
+            s.settimeout(30)
+            assert s.recv(100) == b""
+    assert srv.served("runs", "--json").returncode == 0 and alive(pid)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.connect(str(srv.file("sock")))
         cmdclient.send_doc(s, {"op": "run", "key": "not-our-key", "argv": ["dflashctl", "runs", "--json"]})
