@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from trainer.config import RuntimeConfig
-from trainer.layers import sdpa_attend
+from trainer.layers import check_attention_inputs, sdpa_attend
 from trainer.loss import chunked_dflash_loss, dflash_loss
 from trainer.model import Drafter
 
@@ -28,7 +28,8 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: Any) -> Tensor:
     wraps itself in torch.compile and toggles the process-global FX-tracing flag (the seed's crash)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return flex_attention(q, k, v, block_mask=block_mask)
+    check_attention_inputs(q, k, v)
+    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def resolve_attention(attention: str, device: str) -> str:

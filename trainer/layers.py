@@ -9,8 +9,30 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# attend(q, k, v, mask) -> out, all [B, H, L, D]; `mask` is whatever the chosen attention path wants.
+# attend(q, k, v, mask) -> out: q [B, H, Q, D], k/v [B, Hkv, KV, D] with Hkv dividing H (GQA: the attention
+# kernel maps query heads to key/value heads itself, `enable_gqa`, so repeated k/v are never materialised);
+# `mask` is whatever the chosen attention path wants.
 AttendFn = Callable[[Tensor, Tensor, Tensor, Any], Tensor]
+
+
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype matmuls run in at this point: autocast's when it is on for x's device, else x's own."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
+def same_dtype(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v cast to the compute dtype. Under bf16 autocast the fp32 RMSNorm weights make q_norm/k_norm return
+    fp32 while v stays bf16: SDPA/flex then either refuse ("Expected query, key, and value to have the same
+    dtype") or run fp32 kernels (about 12x slower backward at head_dim 128)."""
+    dt = compute_dtype(v)
+    return q.to(dt), k.to(dt), v.to(dt)
+
+
+def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Where attention is called: one dtype for q, k and v (a dtype check is static: free inside torch.compile)."""
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"attention inputs differ in dtype: q {q.dtype}, k {k.dtype}, v {v.dtype}")
 
 
 class RMSNorm(nn.Module):
@@ -40,11 +62,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
-    """GQA: [B, Hkv, L, D] -> [B, Hkv * n_rep, L, D] (explicit, so every attention path sees the same heads)."""
-    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
-
-
 class SwiGLU(nn.Module):
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
@@ -58,6 +75,8 @@ class SwiGLU(nn.Module):
 
 def sdpa_attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     """SDPA; `mask` is a bool [B, 1, Q, KV] (True = may attend) or None for causal self-attention."""
+    check_attention_inputs(q, k, v)
+    gqa = q.shape[1] != k.shape[1]
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)

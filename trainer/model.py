@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from trainer.config import DrafterConfig
 from trainer.kvcache import KVCache
-from trainer.layers import AttendFn, RMSNorm, SwiGLU, apply_rope, repeat_kv, rope_cos_sin
+from trainer.layers import AttendFn, RMSNorm, SwiGLU, apply_rope, check_attention_inputs, rope_cos_sin, same_dtype
 from trainer.tiny_target import TargetModel
 
 
@@ -41,8 +41,8 @@ class DrafterAttention(nn.Module):
         """h [B, Q, H] (the normed block), k/v [B, Hkv, KV, D] -> [B, Q, H]."""
         b, nq, _ = h.shape
         q = apply_rope(self.q_norm(self.q_proj(h).view(b, nq, self.nh, self.hd)).transpose(1, 2), *rope_q)
-        rep = self.nh // self.nkv
-        out = attend(q, repeat_kv(k, rep), repeat_kv(v, rep), mask)
+        q, k, v = same_dtype(q, k, v)  # the compute dtype: q_norm/k_norm return fp32 under bf16 autocast
+        out = attend(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, nq, -1))
 
 
@@ -82,7 +82,8 @@ class DrafterLayer(nn.Module):
 
 def full_attend(q: Tensor, k: Tensor, v: Tensor, mask: Any) -> Tensor:
     """Unmasked SDPA: a decoding block attends to every cached context position and to its whole self."""
-    return F.scaled_dot_product_attention(q, k, v)
+    check_attention_inputs(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1])
 
 
 class Drafter(nn.Module):

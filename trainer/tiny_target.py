@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from trainer.config import TargetConfig
 from trainer.kvcache import KVCache, causal_mask
-from trainer.layers import AttendFn, RMSNorm, SwiGLU, apply_rope, repeat_kv, rope_cos_sin, sdpa_attend
+from trainer.layers import AttendFn, RMSNorm, SwiGLU, apply_rope, rope_cos_sin, sdpa_attend
 
 
 class TargetModel(Protocol):
@@ -59,8 +59,7 @@ class TargetLayer(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.append(index, k, v)
-        rep = self.nh // self.nkv
-        out = attend(q, repeat_kv(k, rep), repeat_kv(v, rep), mask)
+        out = attend(q, k, v, mask)
         x = x + self.o(out.transpose(1, 2).reshape(b, t, -1))
         return x + self.mlp(self.mlp_norm(x))
 

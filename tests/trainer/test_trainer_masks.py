@@ -82,7 +82,8 @@ def test_flex_forward_and_sdpa_agree_on_the_drafter():
     block_ids, block_pos, _ = block_inputs(ids, anchors, 16, target.mask_token_id)
     with torch.no_grad():
         ref = drafter(block_ids, block_pos, hidden, sdpa_attend, dense_mask(anchors, 64, 16))
-        got = drafter(block_ids, block_pos, hidden, lambda q, k, v, m: flex_attention(q, k, v, block_mask=m),
+        got = drafter(block_ids, block_pos, hidden,
+                      lambda q, k, v, m: flex_attention(q, k, v, block_mask=m, enable_gqa=q.shape[1] != k.shape[1]),
                       flex_block_mask(anchors, 64, 16))
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
 
