@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflashctl import bounds
 from dflashctl.errors import ConfigError
 from dflashctl.model import Cluster, Host
 
@@ -276,9 +277,8 @@ def _host(name: str, t: dict[str, Any], where: _Where) -> Host:
     if type(accept) is not bool:
         raise where.error(name, "accept_new_host_key", f"must be true or false, not {_tname(accept)}")
     persist = t.get("persist", Host.persist_s)
-    if type(persist) not in (int, float) or not 0 <= persist <= 86400:
-        raise where.error(name, "persist", f"must be seconds from 0 to 86400 (0 = no connection master), "
-                                           f"not {persist!r}")
+    if bounds.problem(persist, bounds.PERSIST_S):
+        raise where.error(name, "persist", f"{bounds.problem(persist, bounds.PERSIST_S)} (0 = no connection master)")
     gpus = t.get("gpus", {})
     if not isinstance(gpus, dict):
         raise where.error(name, "gpus", "must be a table: gpus.target = [0, 1], gpus.drafters = [2]")
@@ -373,8 +373,8 @@ def _code_keys(name: str, t: dict[str, Any], where: _Where) -> dict[str, Any]:
         v = t.get(key)
         if v is None:
             continue
-        if type(v) not in (int, float) or not v > 0:
-            raise where.error(name, key, f"must be a positive number of MiB like 50, not {v!r}")
+        if bounds.problem(v, bounds.SIZE_MIB):
+            raise where.error(name, key, f"{bounds.problem(v, bounds.SIZE_MIB)} (e.g. 50)")
         out[key] = float(v)
     return out
 

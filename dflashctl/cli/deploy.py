@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from dflashctl import bounds
 from dflashctl.cli.app import app
 from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, open_target, out, print_json
 
@@ -18,9 +19,11 @@ def deploy(
         None, "--source", metavar="DIR",
         help="the directory to ship: its files land in <workspace>/code/ (a `trainer` package: in code/trainer/); "
              "default: the host's code_source, else the trainer installed with dflashctl"),
-    max_file_mib: float | None = typer.Option(None, "--max-file-mib", metavar="MIB", min=0.001,
+    max_file_mib: float | None = typer.Option(None, "--max-file-mib", metavar="MIB",
+                                              callback=bounds.option(bounds.SIZE_MIB),
                                               help="refuse a file bigger than this (default: code_max_file_mib, 50)"),
-    max_total_mib: float | None = typer.Option(None, "--max-total-mib", metavar="MIB", min=0.001,
+    max_total_mib: float | None = typer.Option(None, "--max-total-mib", metavar="MIB",
+                                               callback=bounds.option(bounds.SIZE_MIB),
                                                help="refuse a tree bigger in all (default: code_max_total_mib, 200)"),
     host: str | None = HostOpt,
     hosts: Path | None = HostsOpt,

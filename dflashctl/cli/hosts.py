@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from dflashctl import bounds
 from dflashctl.cli.app import app
 from dflashctl.cli.common import Exit, HostsOpt, JsonOpt, console, error, escape, print_json
 
@@ -70,7 +71,8 @@ def hosts_check(
     names: list[str] | None = typer.Argument(None, metavar="HOST", help="hosts to check (default: all)"),
     hosts: Path | None = HostsOpt,
     json_out: bool = JsonOpt,
-    timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="seconds allowed for each host's checks"),
+    timeout: float = typer.Option(60.0, "--timeout", callback=bounds.option(bounds.TIMEOUT_S),
+                                  help="seconds allowed for each host's checks"),
 ) -> None:
     """Connect to each host and check: container running, python, nvidia-smi + GPUs, workspace, disk.
 

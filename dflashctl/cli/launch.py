@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from dflashctl import bounds
 from dflashctl.cli.app import app
 from dflashctl.cli.cluster import ClusterOpt, HostsOrListOpt, host_list, launch_across, pick
 from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, err, escape, open_target, out, print_json, show
@@ -68,7 +69,7 @@ def launch(
                                                 "in a new run directory, with its config unless --config"),
     wait_for: str = typer.Option("started", "--wait-for", metavar="started|step|exit",
                                  help="return once the run has started, printed its first training step, or ended"),
-    timeout: float | None = typer.Option(None, "--timeout", metavar="S",
+    timeout: float | None = typer.Option(None, "--timeout", metavar="S", callback=bounds.option(bounds.TIMEOUT_S),
                                          help="give up waiting after S seconds (exit 101; the run keeps going)"),
     follow: bool = typer.Option(False, "--follow", "-f", help="stream the log until the run ends (Ctrl-C detaches)"),
     source: Path | None = SourceOpt,
@@ -169,7 +170,7 @@ def evaluate(
                                      "<workspace>/code, e.g. trainer/prompts/eval.jsonl)"),
     untrained: bool = typer.Option(False, "--untrained", help="the step-0 drafter of its config: the τ baseline"),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="wait for the report (else print the eval run's id)"),
-    timeout: float | None = typer.Option(None, "--timeout", metavar="S",
+    timeout: float | None = typer.Option(None, "--timeout", metavar="S", callback=bounds.option(bounds.TIMEOUT_S),
                                          help="give up waiting after S seconds (exit 101; the evaluation goes on)"),
     kill_zombies: bool = KillZombiesOpt,
     source: Path | None = SourceOpt,
@@ -237,7 +238,7 @@ def generate(
                                              "used to tokenize; default: the model's default"),
     name: str | None = typer.Option(None, "--name", "-n", help="run name (default: datagen-<out dir name>)"),
     wait: bool = typer.Option(False, "--wait", help="stream the log until it ends (else return once it runs)"),
-    timeout: float | None = typer.Option(None, "--timeout", metavar="S",
+    timeout: float | None = typer.Option(None, "--timeout", metavar="S", callback=bounds.option(bounds.TIMEOUT_S),
                                          help="with --wait: give up after S seconds (exit 101; it goes on)"),
     kill_zombies: bool = KillZombiesOpt,
     source: Path | None = SourceOpt,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from dflashctl import bounds
 from dflashctl.cli.app import app
 from dflashctl.cli.cluster import (
     ClusterOpt,
@@ -77,7 +78,8 @@ def _event_cell(ev: dict | None) -> str:
 def logs(
     run: str | None = typer.Argument(None, metavar="[RUN]", help="run id (default: the latest run)"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing as the log grows (Ctrl-C detaches)"),
-    lines: int = typer.Option(50, "--lines", "-n", metavar="N", help="lines from the end to print first"),
+    lines: int = typer.Option(50, "--lines", "-n", metavar="N", callback=bounds.option(bounds.LINES),
+                              help="lines from the end to print first"),
     errors: bool = typer.Option(False, "--errors",
                                 help="only whole tracebacks of crashed threads and ranks + final exception"),
     events: bool = typer.Option(False, "--events", help="the run's event timeline (its sentinel's events.jsonl)"),
@@ -179,7 +181,8 @@ def follow_log(target: Target, run: str | None, *, from_start: bool = False, lin
 @app.command("stop")
 def stop(
     run: str | None = typer.Argument(None, metavar="[RUN]", help="run id (default: the latest run)"),
-    grace: float = typer.Option(30.0, "--grace", metavar="S", help="seconds between SIGTERM and SIGKILL"),
+    grace: float = typer.Option(30.0, "--grace", metavar="S", callback=bounds.option(bounds.GRACE_S),
+                                help="seconds between SIGTERM and SIGKILL"),
     cluster: str | None = ClusterOpt,
     host: str | None = HostOpt,
     hosts: Path | None = HostsOrListOpt,
@@ -240,7 +243,8 @@ def kill_zombies(
     yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before killing"),
     pid: list[int] | None = typer.Option(None, "--pid", metavar="PID",
                                          help="also end this process although it has no marker (repeatable)"),
-    grace: float = typer.Option(10.0, "--grace", metavar="S", help="seconds between SIGTERM and SIGKILL"),
+    grace: float = typer.Option(10.0, "--grace", metavar="S", callback=bounds.option(bounds.GRACE_S),
+                                help="seconds between SIGTERM and SIGKILL"),
     cluster: str | None = ClusterOpt,
     host: str | None = HostOpt,
     hosts: Path | None = HostsOrListOpt,

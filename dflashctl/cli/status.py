@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from dflashctl import bounds
 from dflashctl.cli.app import app
 from dflashctl.cli.cluster import (
     ClusterOpt,
@@ -59,9 +60,10 @@ def status(
     host: str = HostOpt,
     json_: bool = JsonOpt,
     watch: bool = typer.Option(False, "--watch", "-w", help="live view, redrawn in place (streaming probe)"),
-    interval: float = typer.Option(1.0, "--interval", "-i", min=0.1, max=3600, metavar="SEC",
+    interval: float = typer.Option(1.0, "--interval", "-i", callback=bounds.option(bounds.INTERVAL_S), metavar="SEC",
                                    help="seconds between reports in --watch"),
     gpu_interval: float | None = typer.Option(None, "--gpu-interval", metavar="SEC",
+                                              callback=bounds.option(bounds.INTERVAL_S),
                                               help="with --watch: read the GPUs this often (≤ --interval; default: "
                                                    "once a report); the histories show each report's min/mean/max"),
     exit_on_failure: bool = typer.Option(False, "--exit-on-failure",

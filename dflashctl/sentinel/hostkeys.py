@@ -61,6 +61,20 @@ def _string(t: Mapping[str, Any], key: str, parse: Callable[[Any], Any], example
     return str(v)
 
 
+def _seconds(bound: str) -> Callable[[Any], float]:
+    """A duration parser that also keeps the value within dflashctl.bounds' range of that name (issue 26: a
+    `0.000001s` interval spun a core for the run's life)."""
+    def parse(value: Any) -> float:
+        from dflashctl import bounds
+
+        seconds = spec.parse_duration(value)
+        why = bounds.problem(seconds, getattr(bounds, bound))
+        if why is not None:
+            raise ConfigError(f"{why.rsplit(', not ', 1)[0]}, not {value!r}")
+        return seconds
+    return parse
+
+
 def host_keys(t: Mapping[str, Any]) -> dict[str, Any]:
     """model.Host's sentinel fields from one [hosts.X] table (only the keys present)."""
     out: dict[str, Any] = {}
@@ -69,12 +83,12 @@ def host_keys(t: Mapping[str, Any]) -> dict[str, Any]:
             raise KeyProblem("sentinel", f"must be true or false, not {_tname(t['sentinel'])}")
         out["sentinel"] = t["sentinel"]
     if "sentinel_interval" in t:
-        out["sentinel_interval_s"] = _check("sentinel_interval", spec.parse_duration, t["sentinel_interval"])
+        out["sentinel_interval_s"] = _check("sentinel_interval", _seconds("INTERVAL_S"), t["sentinel_interval"])
     if "stall_window" in t:
-        out["stall_window_s"] = _check("stall_window", spec.parse_duration, t["stall_window"])
+        out["stall_window_s"] = _check("stall_window", _seconds("WINDOW_S"), t["stall_window"])
     for key, parse, example in (("idle_limit", spec.parse_idle_limit, "5%@30m"),
-                                ("stall_limit", spec.parse_duration, "20m"),
-                                ("restart_backoff", spec.parse_duration, "30s")):
+                                ("stall_limit", _seconds("WINDOW_S"), "20m"),
+                                ("restart_backoff", _seconds("WINDOW_S"), "30s")):
         value = _string(t, key, parse, example, numbers=key != "idle_limit")
         if value is not None:
             out[key] = value
@@ -105,5 +119,5 @@ def host_keys(t: Mapping[str, Any]) -> dict[str, Any]:
     if "events" in notify:
         out["notify_on"] = _check("notify.events", spec.parse_kinds, notify["events"])
     if "min_gap" in notify:
-        out["notify_min_gap_s"] = _check("notify.min_gap", spec.parse_duration, notify["min_gap"])
+        out["notify_min_gap_s"] = _check("notify.min_gap", _seconds("WINDOW_S"), notify["min_gap"])
     return out

@@ -199,9 +199,11 @@ def test_the_host_code_source_is_the_default_and_source_wins_over_it(local_host,
 @pytest.mark.parametrize(("body", "key", "problem"), [
     ("code_source = 5", "code_source", "must be a directory path string, not an integer"),
     ('code_source = ""', "code_source", "must be a directory path string, not empty"),
-    ("code_max_file_mib = -1", "code_max_file_mib", "must be a positive number of MiB like 50, not -1"),
-    ('code_max_total_mib = "200"', "code_max_total_mib", "must be a positive number of MiB like 50, not '200'"),
-    ("code_max_total_mib = true", "code_max_total_mib", "must be a positive number of MiB like 50, not True"),
+    ("code_max_file_mib = -1", "code_max_file_mib", "must be a number from 0.001 to 1048576 MiB, not -1 (e.g. 50)"),
+    ('code_max_total_mib = "200"', "code_max_total_mib",
+     "must be a number from 0.001 to 1048576 MiB, not '200' (e.g. 50)"),
+    ("code_max_total_mib = true", "code_max_total_mib",
+     "must be a number from 0.001 to 1048576 MiB, not True (e.g. 50)"),
 ])
 def test_bad_code_keys_in_hosts_toml_name_file_line_and_key(local_host, cli, body, key, problem):
     with open(local_host.hosts_file, "a") as f:
