@@ -15,10 +15,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # makes `harness` importable from any test
 
 from harness.envs import LocalEnv, PveEnv  # noqa: E402
-from harness.sshd import SshdServer, why_sshd_cannot_run  # noqa: E402
+from harness.sshd import SshdServer, why_lxc_cannot_run, why_sshd_cannot_run  # noqa: E402
 
 SSHD_FIXTURES = {"sshd_server", "pve"}
-os.environ["DFLASHCTL_NO_SERVER"] = "1"  # no command server outlives a test (tests/cli/test_cmdserver.py: its own)
 
 
 HF_SUITE = Path(__file__).resolve().parent / "trainer_hf"
@@ -29,7 +28,36 @@ def _hf_required() -> bool:
     return os.environ.get("DFLASHCTL_REQUIRE_HF") == "1"
 
 
+def _pct_backend() -> tuple[str, str]:
+    """Which `pct` the end-to-end tests get: ("lxc", why) real LXC containers, or ("ns", why) the namespace stand-in.
+    DFLASHCTL_REQUIRE_LXC=1 (make test as root) turns "LXC cannot run here" into a failure."""
+    if os.environ.get("DFLASHCTL_TEST_PCT") == "ns":  # to run the suite on the fallback on purpose
+        return "ns", "the namespace stand-in bin/pct-ns: DFLASHCTL_TEST_PCT=ns"
+    reason = why_lxc_cannot_run()
+    if reason is None:
+        return "lxc", "real LXC containers (lxc-start/lxc-attach, init.lxc as PID 1)"
+    return "ns", f"the namespace stand-in bin/pct-ns: {reason}"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    backend, why = _pct_backend()
+    return f"dflashctl e2e: pct = {why}"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    backend, why = _pct_backend()
+    terminalreporter.write_line(f"dflashctl e2e containers: {why}")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests marked `both_env_modes` that use `pve` run twice: `pct exec` keeping the ssh session's environment
+    (Proxmox's default) and clearing it (--keep-env 0)."""
+    if "pct_env_mode" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_env_modes"):
+        metafunc.parametrize("pct_env_mode", ["keep-env", "clear-env"], indirect=True)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "both_env_modes: run the test's `pve` in both `pct exec` environment modes")
     if _hf_required():
         try:
             import transformers  # noqa: F401
@@ -119,7 +147,10 @@ def sshd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdServer
         if os.environ.get("DFLASHCTL_REQUIRE_SSHD") == "1":
             pytest.fail(f"sshd tests cannot run but DFLASHCTL_REQUIRE_SSHD=1: {reason}")
         pytest.skip(f"sshd tests skipped: {reason}")
-    server = SshdServer(tmp_path_factory.mktemp("sshd")).start()
+    backend, why = _pct_backend()
+    if backend != "lxc" and os.environ.get("DFLASHCTL_REQUIRE_LXC") == "1":
+        pytest.fail(f"real LXC containers cannot run but DFLASHCTL_REQUIRE_LXC=1: {why}")
+    server = SshdServer(tmp_path_factory.mktemp("sshd"), pct_backend=backend).start()
     try:
         yield server
     finally:
@@ -127,9 +158,17 @@ def sshd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdServer
 
 
 @pytest.fixture
-def pve(sshd_server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PveEnv]:
-    """A Proxmox-like host over the real sshd with one running container (fresh per test)."""
-    env = PveEnv(sshd_server, tmp_path)
+def pct_env_mode(request: pytest.FixtureRequest) -> str:
+    """`pct exec`'s environment mode for `pve`: "keep-env" (Proxmox's default), or both (marker both_env_modes)."""
+    return getattr(request, "param", "keep-env")
+
+
+@pytest.fixture
+def pve(sshd_server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        pct_env_mode: str) -> Iterator[PveEnv]:
+    """A Proxmox-like host over the real sshd with one running container (fresh per test), reached by the
+    connection path a user gets by default (the connection master)."""
+    env = PveEnv(sshd_server, tmp_path, env_mode=pct_env_mode)
     for key, value in env.env.items():
         monkeypatch.setenv(key, value)
     try:

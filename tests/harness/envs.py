@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from dflashctl.model import Host
-from harness.sshd import BIN, HARNESS, SshdServer
+from harness.sshd import BIN, HARNESS, SshdServer, destroy_container
 
 # CTIDs: 200, 201, … offset per pytest process so that concurrent sessions on one machine (each
 # with its own sshd and pct state) never share a cgroup lxc/<CTID>.
 _ctids = itertools.count(200 + 1000 * (os.getpid() % 1000))
 NVIDIA_SMI = HARNESS / "gpu" / "nvidia-smi"  # not on PATH itself: set_gpus() links it into a PATH dir
 LXC_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # lxc-attach --clear-env's PATH
+ENV_MODES = ("keep-env", "clear-env")  # `pct exec`'s two environment modes (--keep-env 1 | 0)
 
 
 def toml_str(value: str) -> str:
@@ -104,23 +105,27 @@ class PveEnv(_HostEnv):
     sshd: SshdServer
     tmp: Path
     ctid: int = field(default_factory=lambda: next(_ctids))
+    env_mode: str = "keep-env"  # `pct exec`'s default here: "keep-env" (PVE 8's) or "clear-env" (--keep-env 0)
+    persist: bool = True  # False: hosts.toml says `persist = 0` (no connection master) for the tests of that path
 
     def __post_init__(self) -> None:
+        if self.env_mode not in ENV_MODES:
+            raise ValueError(f"env_mode must be one of {ENV_MODES}, not {self.env_mode!r}")
         self.workspace_dir = self.tmp / f"ct{self.ctid}-workspace"
         self.workspace_dir.mkdir(parents=True, exist_ok=True)
         self.local_workspace_dir = self.tmp / "local-workspace"
         self.conf = self.sshd.pct_state / "lxc" / f"{self.ctid}.conf"
-        # The CT's configured environment (`lxc.environment`: all a command in it gets, as pct exec clears the rest,
-        # bin/pct): the test image has the nvidia-smi stand-in and a python3 with torch (the venv) on its PATH.
-        image_path = ":".join([str(self.sshd.gpu_bin), str(Path(sys.executable).parent), LXC_DEFAULT_PATH])
-        self.conf.write_text(f"workspace={self.workspace_dir}\n"
-                             f"lxc.environment: PATH={image_path}\n"
-                             f"lxc.environment: DFLASH_FAKE_GPUS={self.sshd.gpu_scenario}\n")
+        self.conf.write_text(self._proxmox_conf())
+        keep_default = self.sshd.pct_state / "lxc" / f"{self.ctid}.keep-env-default"
+        if self.env_mode == "clear-env":
+            keep_default.write_text("0\n")
+        else:
+            keep_default.unlink(missing_ok=True)
         self.gpus = GpuScript(self.sshd.gpu_scenario, self.sshd.gpu_bin)
         self.host = Host(
             name="pve", transport="ssh", address=self.sshd.address, port=self.sshd.port, user="root",
             identity_file=str(self.sshd.client_key), container=self.ctid, workspace="/workspace/dflash",
-            python="python3", persist_s=0.0,
+            python="python3", **({} if self.persist else {"persist_s": 0.0}),
         )
         self.hosts_file = self.tmp / "hosts.toml"
         self.hosts_file.write_text(
@@ -134,13 +139,53 @@ class PveEnv(_HostEnv):
             f"container = {self.ctid}\n"
             'workspace = "/workspace/dflash"\n'
             'python = "python3"\n'
-            "persist = 0\n\n"  # connections in-process; tests/remote/test_master.py and the transport tests run masters
-            "[hosts.local]\n"
+            + ("" if self.persist else "persist = 0\n")  # default: the connection master a user gets
+            + "\n[hosts.local]\n"
             'transport = "local"\n'
             f"workspace = {toml_str(str(self.local_workspace_dir))}\n"
             f"python = {toml_str(sys.executable)}\n"
         )
         self.start_container()
+
+    def _proxmox_conf(self) -> str:
+        """/etc/pve/lxc/<CTID>.conf of the test CT: /workspace as mount point mp0; read-only bind mounts of the
+        interpreter, the venv and the repo (torch, dflashctl, the stand-ins), the test session's temp tree at its own
+        path (scenario files, logs a test names); the CT's configured environment (`lxc.environment`: with
+        --keep-env 0 all a command gets): the test image has the nvidia-smi stand-in and a python3 with torch (the
+        venv) on its PATH."""
+        image_path = ":".join([str(self.sshd.gpu_bin), str(Path(sys.executable).parent), LXC_DEFAULT_PATH])
+        lines = ["arch: amd64", f"hostname: ct{self.ctid}", "ostype: debian",
+                 f"mp0: {self.workspace_dir},mp=/workspace"]
+        for src, mode in self._binds():
+            lines.append(f"lxc.mount.entry: {src} {str(src).lstrip('/')} none bind,{mode},create=dir 0 0")
+        lines += [f"lxc.environment: PATH={image_path}", f"lxc.environment: DFLASH_FAKE_GPUS={self.sshd.gpu_scenario}"]
+        return "".join(f"{ln}\n" for ln in lines)
+
+    def _binds(self) -> list[tuple[Path, str]]:
+        repo = HARNESS.parent.parent
+        binds = [(Path(sys.base_prefix).resolve(), "ro"), (repo, "ro")]
+        venv = Path(sys.prefix)
+        if repo not in venv.parents and venv != repo:
+            binds.append((venv, "ro"))
+        binds.append((self.sshd.root.parent, "rw"))  # the test session's temp tree (sshd root, tmp_path)
+        return binds
+
+    def set_environment(self, key: str, value: str) -> None:
+        """Set the CT's `lxc.environment: KEY=VALUE` (the conf); the next `pct exec` sees it. With real LXC the running
+        container's LXC config gets the same line (lxc-attach reads it on each attach), so no restart is needed."""
+        lines = [ln for ln in self.conf.read_text().splitlines() if not ln.startswith(f"lxc.environment: {key}=")]
+        self.conf.write_text("".join(f"{ln}\n" for ln in [*lines, f"lxc.environment: {key}={value}"]))
+        if self.sshd.lxcpath is not None:
+            live = self.sshd.lxcpath / str(self.ctid) / "config"
+            kept = [ln for ln in live.read_text().splitlines() if not ln.startswith(f"lxc.environment = {key}=")]
+            live.write_text("".join(f"{ln}\n" for ln in [*kept, f"lxc.environment = {key}={value}"]))
+
+    def environment(self, key: str) -> str | None:
+        """The CT's configured value of KEY (its `lxc.environment` line), or None."""
+        for ln in self.conf.read_text().splitlines():
+            if ln.startswith(f"lxc.environment: {key}="):
+                return ln.split("=", 1)[1]
+        return None
 
     @property
     def env(self) -> dict[str, str]:
@@ -173,11 +218,23 @@ class PveEnv(_HostEnv):
 
     @property
     def container_cgroup(self) -> str | None:
-        """The container's cgroup as /proc/<pid>/cgroup shows it ("/lxc/<CTID>"), or None where the
-        harness could not create a cgroup v2 directory (then host-side PID->CT mapping can't be tested)."""
+        """The container's cgroup as /proc/<pid>/cgroup shows it: Proxmox's layout "/lxc/<CTID>/ns" with real LXC;
+        "/lxc/<CTID>" from the namespace stand-in, or None where it could not create a cgroup v2 directory (then
+        host-side PID->CT mapping can't be tested)."""
+        if self.sshd.pct_backend == "lxc":
+            return f"/lxc/{self.ctid}/ns"
         pidfile = self.sshd.pct_state / "run" / f"{self.ctid}.pid"
         fields = pidfile.read_text().split() if pidfile.exists() else []
         return f"/lxc/{self.ctid}" if len(fields) > 2 else None
+
+    @property
+    def init_pid(self) -> int:
+        """The host pid of the container's PID 1 (init.lxc with real LXC)."""
+        if self.sshd.lxcpath is not None:
+            res = subprocess.run(["lxc-info", "-P", str(self.sshd.lxcpath), "-n", str(self.ctid), "-pH"],
+                                 capture_output=True, text=True, timeout=30)
+            return int(res.stdout.strip())
+        return int((self.sshd.pct_state / "run" / f"{self.ctid}.pid").read_text().split()[0])
 
     def container_running(self) -> bool:
         return self.pct("status", str(self.ctid)).stdout.decode().strip() == "status: running"
@@ -188,9 +245,13 @@ class PveEnv(_HostEnv):
         (self.sshd.pct_state / "kmsg").write_text("".join(f"{ln}\n" for ln in lines))
 
     def close(self) -> None:
+        """Stop the container and destroy it (its rootfs and LXC config); the conf goes too."""
         if self.container_running():
             self.stop_container()
+        if self.sshd.lxcpath is not None:
+            destroy_container(self.sshd.lxcpath, str(self.ctid))
         self.conf.unlink(missing_ok=True)
+        self.conf.with_suffix(".keep-env-default").unlink(missing_ok=True)
         (self.sshd.pct_state / "kmsg").unlink(missing_ok=True)
         self.gpus.set(None)
 

@@ -8,6 +8,9 @@ Why each piece:
 - sshd runs in a private mount namespace where root's ~/.bashrc is hidden behind an empty file,
   because Debian's bash sources ~/.bashrc for ssh commands and a developer's rc (pyenv, cargo)
   would rewrite PATH and slow every command down;
+- `pct` is bin/pct over real LXC containers (lxc-start / lxc-attach, lxcpath of this session under
+  /tmp/dflashctl-lxc/<pid>) wherever LXC runs; bin/pct-ns (PID + mount namespaces) only where it cannot
+  (`why_lxc_cannot_run`); `pct_backend` says which, and the pytest header prints it;
 - everything is torn down by PID (`stop()`), including the test containers still running.
 """
 
@@ -28,6 +31,8 @@ from pathlib import Path
 HARNESS = Path(__file__).resolve().parent
 BIN = HARNESS / "bin"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+LXC_ROOT = Path("/tmp/dflashctl-lxc")  # <owner pid>/ per test session: short (LXC's socket names), findable
+INIT_LXC = "/usr/sbin/init.lxc"
 
 
 def why_sshd_cannot_run() -> str | None:
@@ -40,6 +45,57 @@ def why_sshd_cannot_run() -> str | None:
         if shutil.which(tool) is None:
             return f"`{tool}` is not installed"
     return None
+
+
+def why_lxc_cannot_run() -> str | None:
+    """The reason real LXC containers cannot back `pct` here (the namespace stand-in is used), or None."""
+    if os.geteuid() != 0:
+        return "needs root (privileged LXC containers)"
+    for tool in ("lxc-start", "lxc-attach", "lxc-info", "lxc-stop", "lxc-wait", "lxc-destroy"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed (apt-get install lxc)"
+    if not os.access(INIT_LXC, os.X_OK):
+        return f"{INIT_LXC} is missing (apt-get install lxc)"
+    return None
+
+
+def reap_leftover_containers(root: Path = LXC_ROOT) -> list[str]:
+    """Stop and destroy the containers of earlier test sessions whose owner process is gone (a killed run),
+    then remove their lxcpath. Returns what it removed ("<lxcpath>/<name>")."""
+    removed = []
+    for lxcpath in sorted(root.glob("*")) if root.is_dir() else ():
+        if not lxcpath.name.isdigit():
+            continue
+        alive = _start_time(int(lxcpath.name))
+        try:
+            owner_start = (lxcpath / "owner").read_text().split()[1]
+        except (OSError, IndexError):
+            owner_start = alive  # being set up right now by a live session (or a dead one's pid, reused)
+        if alive is not None and alive == owner_start:
+            continue  # its session still runs
+        for ct in sorted(lxcpath.iterdir()) if lxcpath.is_dir() else ():
+            if (ct / "config").is_file():
+                destroy_container(lxcpath, ct.name)
+                removed.append(f"{lxcpath}/{ct.name}")
+        shutil.rmtree(lxcpath, ignore_errors=True)
+    return removed
+
+
+def destroy_container(lxcpath: Path, name: str) -> None:
+    """lxc-stop --kill (if running) then lxc-destroy: nothing of the container is left."""
+    args = ["-P", str(lxcpath), "-n", name]
+    subprocess.run(["lxc-stop", *args, "--kill"], capture_output=True, timeout=60)
+    subprocess.run(["lxc-wait", *args, "-s", "STOPPED", "-t", "30"], capture_output=True, timeout=60)
+    subprocess.run(["lxc-destroy", *args], capture_output=True, timeout=60)
+    shutil.rmtree(lxcpath / name, ignore_errors=True)
+    (lxcpath / f"{name}.log").unlink(missing_ok=True)
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def free_port() -> int:
@@ -68,6 +124,8 @@ class SshdServer:
     gpu_bin: Path = field(init=False)
     gpu_scenario: Path = field(init=False)
     log: Path = field(init=False)
+    pct_backend: str = "lxc"  # "lxc": bin/pct over real LXC; "ns": bin/pct-ns (namespaces)
+    lxcpath: Path | None = None
 
     address = "127.0.0.1"
     user = "root"
@@ -81,11 +139,12 @@ class SshdServer:
         self.gpu_bin = self.root / "gpubin"
         self.gpu_scenario = self.root / "gpus.json"
         self.log = self.root / "sshd.log"
+        self.pct_bin = self.root / "pctbin"
 
     @property
     def session_path(self) -> str:
         venv_bin = str(Path(sys.executable).parent)
-        return ":".join([str(BIN), str(self.gpu_bin), venv_bin, "/usr/local/sbin", "/usr/local/bin",
+        return ":".join([str(self.pct_bin), str(BIN), str(self.gpu_bin), venv_bin, "/usr/local/sbin", "/usr/local/bin",
                          "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
 
     @property
@@ -99,6 +158,7 @@ class SshdServer:
         (self.pct_state / "lxc").mkdir(parents=True, exist_ok=True)
         (self.pct_state / "run").mkdir(parents=True, exist_ok=True)
         self.gpu_bin.mkdir(exist_ok=True)
+        self._set_up_pct()
         for key in (self.host_key, self.client_key):
             if not key.exists():
                 subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dflashctl-test",
@@ -156,6 +216,20 @@ class SshdServer:
         self._wait_ready()
         return self
 
+    def _set_up_pct(self) -> None:
+        """`pct` on the sessions' PATH: bin/pct (real LXC, this session's lxcpath) or bin/pct-ns."""
+        self.pct_bin.mkdir(exist_ok=True)
+        link = self.pct_bin / "pct"
+        link.unlink(missing_ok=True)
+        link.symlink_to(BIN / ("pct" if self.pct_backend == "lxc" else "pct-ns"))
+        if self.pct_backend == "lxc":
+            reap_leftover_containers()
+            self.lxcpath = LXC_ROOT / str(os.getpid())
+            shutil.rmtree(self.lxcpath, ignore_errors=True)
+            self.lxcpath.mkdir(parents=True)
+            (self.lxcpath / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+            (self.pct_state / "lxcpath").write_text(f"{self.lxcpath}\n")
+
     def _wait_ready(self, timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -190,6 +264,11 @@ class SshdServer:
 
     def stop(self) -> None:
         """Stop every test container still running, then sshd. All by PID."""
+        if self.lxcpath is not None and self.lxcpath.is_dir():
+            for ct in sorted(self.lxcpath.iterdir()):
+                if (ct / "config").is_file():
+                    destroy_container(self.lxcpath, ct.name)
+            shutil.rmtree(self.lxcpath, ignore_errors=True)
         run_dir = self.pct_state / "run"
         for pidfile in run_dir.glob("*.pid") if run_dir.exists() else ():
             init, upid, *cgroup = pidfile.read_text().split()

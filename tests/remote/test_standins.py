@@ -4,6 +4,7 @@ output and exit codes; `nvidia-smi`'s CSV formats. (The end-to-end tests are onl
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -18,8 +19,59 @@ def test_pct_exec_passes_argv_without_a_shell_forwards_stdin_and_returns_the_exi
 
 def test_pct_exec_runs_in_the_container_namespaces_with_workspace_bound(pve: PveEnv) -> None:
     (pve.workspace_dir / "marker").write_text("here")
-    res = pve.exec(["sh", "-c", "cat /workspace/marker; cat /proc/1/cmdline | tr '\\0' ' '"])
-    assert res.stdout.decode().startswith("here") and "ctinit.py" in res.stdout.decode()
+    res = pve.exec(["sh", "-c", "cat /workspace/marker; echo; cat /proc/1/cmdline | tr '\\0' ' '; echo; echo $$"])
+    marker, init, pid = res.stdout.decode().splitlines()
+    assert marker == "here" and int(pid) > 1
+    # real LXC: init.lxc is PID 1 (argv[0] "init"); the namespace stand-in's is ctinit.py
+    assert init.startswith("init ") if pve.sshd.pct_backend == "lxc" else "ctinit.py" in init
+    assert pve.init_pid != int(pid) and Path(f"/proc/{pve.init_pid}").exists()
+
+
+def _env_in_ct(pve: PveEnv, *opts: str, env: dict[str, str]) -> dict[str, str]:
+    res = subprocess.run(["pct", "exec", str(pve.ctid), *opts, "--", "env", "-0"], capture_output=True, timeout=60,
+                         env={**os.environ, **pve.sshd.env, **env})
+    assert res.returncode == 0, res.stderr
+    return dict(kv.split("=", 1) for kv in res.stdout.decode().split("\0") if kv)
+
+
+def test_pct_exec_keeps_the_callers_environment_by_default_and_clears_it_with_keep_env_0(pve: PveEnv) -> None:
+    """pve-container's pct.pm: keep-env defaults to 1 (lxc-attach --keep-env), SSL_CERT_FILE / SSL_CERT_DIR are
+    deleted first; the PATH a kept environment carries is the one PVE's CLI handler set, unless the CT configures
+    one (lxc.environment applies on top); --keep-env 0: lxc-attach --clear-env."""
+    caller = {"LANG": "C.UTF-8", "SSL_CERT_FILE": "/x.pem", "SSL_CERT_DIR": "/x", "DFLASH_TEST_VAR": "kept"}
+    kept = _env_in_ct(pve, env=caller)
+    assert kept["DFLASH_TEST_VAR"] == "kept" and kept["LANG"] == "C.UTF-8" and kept["container"] == "lxc"
+    assert "SSL_CERT_FILE" not in kept and "SSL_CERT_DIR" not in kept
+    assert kept["PATH"] == pve.environment("PATH") and kept["DFLASH_FAKE_GPUS"] == str(pve.sshd.gpu_scenario)
+    assert _env_in_ct(pve, "--keep-env", "1", env=caller) == kept
+    cleared = _env_in_ct(pve, "--keep-env", "0", env=caller)
+    assert "DFLASH_TEST_VAR" not in cleared and "LANG" not in cleared and "PCT_STATE" not in cleared
+    assert cleared["container"] == "lxc" and cleared["PATH"] == pve.environment("PATH")
+    if pve.sshd.pct_backend == "lxc":
+        assert cleared["TERM"] == "linux"  # PVE's generated config: lxc.environment = TERM=linux
+    pve.set_environment("PATH", "/usr/bin:/bin")  # no PATH configured: the CLI handler's reaches the CT
+    pve.conf.write_text("".join(f"{ln}\n" for ln in pve.conf.read_text().splitlines()
+                                if not ln.startswith("lxc.environment: PATH=")))
+    if pve.sshd.lxcpath is not None:
+        live = pve.sshd.lxcpath / str(pve.ctid) / "config"
+        live.write_text("".join(f"{ln}\n" for ln in live.read_text().splitlines()
+                                if not ln.startswith("lxc.environment = PATH=")))
+    assert _env_in_ct(pve, env=caller)["PATH"] == "/sbin:/bin:/usr/sbin:/usr/bin"
+
+
+@pytest.mark.both_env_modes
+def test_the_pve_fixture_runs_pct_exec_in_the_mode_it_was_given(pve: PveEnv, pct_env_mode: str) -> None:
+    env = _env_in_ct(pve, env={"DFLASH_TEST_VAR": "x"})
+    assert ("DFLASH_TEST_VAR" in env) == (pct_env_mode == "keep-env")
+
+
+def test_pct_exec_bad_keep_env_value_and_missing_command(pve: PveEnv) -> None:
+    ct = str(pve.ctid)
+    missing = pve.pct("exec", ct, "--")
+    assert missing.returncode == 255 and missing.stderr.startswith(b"missing command")
+    if pve.sshd.pct_backend == "lxc":
+        bad = pve.pct("exec", ct, "--keep-env", "maybe", "--", "true")
+        assert bad.returncode == 255 and b"keep-env: type check ('boolean') failed - got 'maybe'" in bad.stderr
 
 
 def test_pct_status_start_stop_and_their_refusals(pve: PveEnv) -> None:
@@ -29,9 +81,11 @@ def test_pct_status_start_stop_and_their_refusals(pve: PveEnv) -> None:
     assert (again.returncode, again.stderr) == (255, f"CT {ct} already running\n".encode())
     assert pve.pct("stop", ct).returncode == 0
     assert pve.pct("status", ct).stdout == b"status: stopped\n"
-    for verb in (["stop", ct], ["exec", ct, "--", "true"]):
-        res = pve.pct(*verb)
-        assert (res.returncode, res.stderr) == (255, f"CT {ct} not running\n".encode())
+    res = pve.pct("stop", ct)
+    assert (res.returncode, res.stderr) == (255, f"CT {ct} not running\n".encode())
+    for opts in ((), ("--keep-env", "0")):  # pct.pm's exec: die "container '$vmid' not running!\n"
+        res = pve.pct("exec", ct, *opts, "--", "true")
+        assert (res.returncode, res.stderr) == (255, f"container '{ct}' not running!\n".encode())
     assert pve.pct("start", ct).returncode == 0
     assert pve.pct("status", ct).stdout == b"status: running\n"
 
@@ -46,10 +100,10 @@ def test_pct_unknown_ctid_fails_with_the_proxmox_message_and_exit_2(pve: PveEnv)
 
 def test_pct_stop_ends_every_process_of_the_container(pve: PveEnv) -> None:
     pve.exec(["sh", "-c", "setsid -f sleep 120 </dev/null >/dev/null 2>&1"])
-    assert pve.exec(["pgrep", "-x", "sleep"]).returncode == 0
+    assert pve.exec(["pgrep", "-fx", "sleep 120"]).returncode == 0
     pve.stop_container()
     pve.start_container()
-    assert pve.exec(["pgrep", "-x", "sleep"]).returncode == 1
+    assert pve.exec(["pgrep", "-fx", "sleep 120"]).returncode == 1
 
 
 def test_pct_push_and_pull_copy_files_in_and_out(pve: PveEnv) -> None:
@@ -127,7 +181,9 @@ def test_container_processes_sit_in_cgroup_lxc_ctid_like_on_proxmox(pve: PveEnv)
     matches = [p for p in host_pids if _nspid(p)[-1:] == [inner_pid.decode()]]
     assert matches, "the container's sleep is visible from the host"
     # another worker's container may have a sleep with the same pid in its own namespace: ours is the one in ours
-    assert any(f"0::/lxc/{pve.ctid}\n" in _read(p / "cgroup") for p in matches), [_read(p / "cgroup") for p in matches]
+    # Proxmox's layout (lxc.cgroup.dir.container = lxc/<CTID>, .inner = ns): /lxc/<CTID>/ns[/…] with real LXC
+    assert any(re.search(rf"^0::{re.escape(pve.container_cgroup)}(/|$)", _read(p / "cgroup"), re.M) for p in matches), \
+        [_read(p / "cgroup") for p in matches]
 
 
 def _read(path: Path) -> str:
