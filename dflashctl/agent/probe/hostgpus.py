@@ -1,0 +1,154 @@
+"""The whole GPU host's GPUs and who holds them (stdlib only), read in one call where the driver's pids are real.
+
+Run on the Proxmox host (or on whatever machine is reachable, a container included): the GPU readings the probe
+takes everywhere (probe/gpus.py: NVML, else nvidia-smi with its health columns), nvidia-smi's compute apps
+(`--query-compute-apps`, pids as the driver knows them: the host's), and for each of those pids what /proc says
+about it: its cgroup lines (`lxc/<CTID>` or `lxc.payload.<CTID>` name its container), NSpid (its pid in there),
+uid, command line and our marker (DFLASH_RUN_ID / DFLASH_RUN_DIR). Inside a container the driver lists no
+processes (it knows no PID namespaces): when GPUs hold memory and nothing is listed, the processes here that hold
+/dev/nvidia* open are read instead (`holders`), without per-GPU memory (nothing here can say it).
+
+Reply: {"probe_version", "time", "hostname", "gpus": <probe/gpus.py report>, "apps_csv": str | None,
+"apps_error": str | None, "procs": {"<pid>": {...}}, "holders": [pid, ...] | None}. Values cross as read; the
+laptop (analysis/hostgpus.py) judges them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from dflashctl.agent.lib.frame import frame
+from dflashctl.agent.lib.procfs import RUN_DIR_VAR, proc_cmdline, proc_env_var, proc_marker, proc_stat
+from dflashctl.agent.probe.gpus import gpu_report
+from dflashctl.agent.probe.procs import holds_gpu
+from dflashctl.agent.probe.version import PROBE_VERSION
+
+APPS_QUERY = "pid,process_name,used_memory,gpu_uuid"
+APPS_TIMEOUT_S = 20
+
+
+def compute_apps() -> tuple:
+    """(nvidia-smi's compute-apps CSV with its header, None) or (None, why not)."""
+    argv = ["nvidia-smi", "--query-compute-apps=" + APPS_QUERY, "--format=csv,nounits"]
+    try:
+        res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=APPS_TIMEOUT_S)
+    except FileNotFoundError:
+        return None, "nvidia-smi not found"
+    except subprocess.TimeoutExpired:
+        return None, f"nvidia-smi --query-compute-apps timed out after {APPS_TIMEOUT_S}s"
+    if res.returncode == 6:  # "No devices were found"
+        return "", None
+    if res.returncode != 0:
+        msg = " | ".join((res.stderr or res.stdout).decode("utf-8", "replace").strip().splitlines()[-2:])
+        return None, f"nvidia-smi --query-compute-apps exit {res.returncode}: {msg}"
+    return res.stdout.decode("utf-8", "replace"), None
+
+
+def proc_info(pid: int) -> dict | None:
+    """What /proc says about one pid; None when it is gone (or not visible from here)."""
+    st = proc_stat(pid)
+    if st is None:
+        return None
+    cgroup, nspid, uid = "", [], None
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            cgroup = f.read()
+    except OSError:
+        pass
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    nspid = [int(x) for x in line.split()[1:]]
+                elif line.startswith("Uid:"):
+                    uid = int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return {"state": st["state"], "starttime": st["starttime"], "cgroup": cgroup[-2000:], "nspid": nspid,
+            "uid": uid, "user": _user(uid), "cmdline": proc_cmdline(pid), "run_id": proc_marker(pid),
+            "run_dir": proc_env_var(pid, RUN_DIR_VAR)}
+
+
+def _user(uid: int | None) -> str | None:
+    if uid is None:
+        return None
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return None
+
+
+def _apps_pids(csv: str | None) -> list:
+    """The pid column of the compute-apps CSV (the laptop parses the rest; here only: which pids to look up)."""
+    pids = []
+    for line in (csv or "").splitlines():
+        first = line.split(",", 1)[0].strip()
+        if first.isdigit():
+            pids.append(int(first))
+    return pids
+
+
+def gpu_holders() -> list:
+    """Every process here with /dev/nvidia* open (what a container can see of who holds its GPUs)."""
+    me = os.getpid()
+    return [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != me and holds_gpu(int(n))]
+
+
+def _memory_held(gpus: dict) -> bool:
+    """Some GPU reports memory used (NVML records or the CSV's memory.used column)."""
+    for rec in gpus.get("nvml") or ():
+        if (rec.get("memory_used_mib") or 0) > 0:
+            return True
+    lines = (gpus.get("smi_csv") or "").splitlines()
+    if not lines:
+        return False
+    names = [c.strip().split(" ")[0] for c in lines[0].split(",")]
+    col = names.index("memory.used") if "memory.used" in names else None
+    for line in lines[1:] if col is not None else ():
+        cells = line.split(",")
+        try:
+            if col < len(cells) and float(cells[col].split()[0]) > 0:
+                return True
+        except (ValueError, IndexError):
+            continue
+    return False
+
+
+def host_gpus() -> dict:
+    gpus = gpu_report()
+    csv, err = compute_apps()
+    pids = _apps_pids(csv)
+    holders = None
+    if not pids and _memory_held(gpus):
+        holders = gpu_holders()
+        pids = holders
+    procs = {}
+    for pid in pids:
+        info = proc_info(pid)
+        if info is not None:
+            procs[str(pid)] = info
+    return {"probe_version": PROBE_VERSION, "time": time.time(), "hostname": os.uname().nodename, "gpus": gpus,
+            "apps_csv": csv, "apps_error": err, "procs": procs, "holders": holders}
+
+
+def main(argv: list) -> int:
+    """One report; with `--watch SECONDS`, one every SECONDS until stdout closes."""
+    interval = float(argv[1]) if len(argv) == 2 and argv[0] == "--watch" else None
+    while True:
+        try:
+            sys.stdout.write(frame(host_gpus()) + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            return 0
+        if interval is None:
+            return 0
+        time.sleep(interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

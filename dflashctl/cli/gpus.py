@@ -1,0 +1,72 @@
+"""CLI verb `gpus`: every GPU of the GPU host and who holds it (container, pid in there, our run).
+
+Exit 0, or 104 when a GPU holds memory at ≈0 % or memory held by a zombie of an earlier run (DESIGN §5); 102 when
+the host cannot be reached. `--json`: one document (schema 1); `--watch --json`: one JSON line per reading.
+`--watch` on a terminal is the live full-screen view (cli/gpustui.py); piped, it prints plain rows per reading.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from dflashctl.cli.app import app
+from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, console, open_target, print_json
+from dflashctl.errors import ConfigError, ExitCode
+
+
+def exit_code(view: object) -> int:
+    """104 when some GPU is idle-allocated or orphaned (memory held at ≈0 %, or by a zombie), else 0."""
+    from dflashctl.model import GpuFinding
+
+    bad = (GpuFinding.IDLE_ALLOCATED, GpuFinding.ORPHANED)
+    return int(ExitCode.STALLED) if any(g.finding in bad for g in view.gpus) else 0  # type: ignore[attr-defined]
+
+
+@app.command("gpus")
+def gpus_cmd(
+    host: str | None = HostOpt,
+    hosts: Path | None = HostsOpt,
+    watch: bool = typer.Option(False, "--watch", "-w", help="live view (a terminal: full screen, keys; piped: "
+                               "plain rows per reading)"),
+    interval: float = typer.Option(2.0, "--interval", "-n", help="seconds between readings with --watch"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Every GPU of the host and who holds it: container, pid in there, user, memory, our run (current, earlier =
+    zombie, none), with what to do about GPUs held idle and processes of no live run."""
+    if interval <= 0:
+        raise ConfigError(f"--interval must be > 0, got {interval:g}", hint="e.g. --interval 2")
+    from dflashctl.commands import gpus
+
+    with open_target(hosts, host) as target:
+        if not watch:
+            view = gpus.snapshot(target)
+            if json_out:
+                print_json(view.to_json())
+            else:
+                from dflashctl.cli.common import show
+                from dflashctl.cli.gpusview import render_table
+
+                show(render_table(view))
+            raise Exit(exit_code(view))
+        views = gpus.watch(target, interval)
+        try:
+            if json_out:
+                for view in views:
+                    print_json(view.to_json())
+            elif console.is_terminal:
+                from dflashctl.cli.gpustui import run_tui
+
+                run_tui(views)
+            else:
+                from dflashctl.cli.gpusview import plain_rows
+
+                for view in views:
+                    console.file.write("".join(line + "\n" for line in plain_rows(view)))
+                    console.file.flush()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            views.close()
+        raise Exit(0)
