@@ -30,6 +30,7 @@ from dflashctl.cli import launch as _launch  # noqa: E402,F401
 from dflashctl.cli import runs as _runs  # noqa: E402,F401
 from dflashctl.cli import stacks as _stacks  # noqa: E402,F401
 from dflashctl.cli import status as _status  # noqa: E402,F401
+from dflashctl.cli import gpus as _gpus  # noqa: E402,F401
 # isort: on
 
 
