@@ -4,6 +4,7 @@ tests/harness/README.md; `sshd_server`, `pve` and `local_host` are the public fi
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import sys
@@ -28,6 +29,7 @@ def _hf_required() -> bool:
     return os.environ.get("DFLASHCTL_REQUIRE_HF") == "1"
 
 
+@functools.cache
 def _pct_backend() -> tuple[str, str]:
     """Which `pct` the end-to-end tests get: ("lxc", why) real LXC containers, or ("ns", why) the namespace stand-in.
     DFLASHCTL_REQUIRE_LXC=1 (make test as root) turns "LXC cannot run here" into a failure."""
@@ -54,10 +56,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     (Proxmox's default) and clearing it (--keep-env 0)."""
     if "pct_env_mode" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_env_modes"):
         metafunc.parametrize("pct_env_mode", ["keep-env", "clear-env"], indirect=True)
+    if "pve_connection" in metafunc.fixturenames and metafunc.definition.get_closest_marker("also_persist_0"):
+        metafunc.parametrize("pve_connection", ["master", "persist-0"], indirect=True)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "both_env_modes: run the test's `pve` in both `pct exec` environment modes")
+    config.addinivalue_line("markers", "also_persist_0: run the test's `pve` also with `persist = 0` (no master)")
     if _hf_required():
         try:
             import transformers  # noqa: F401
@@ -164,11 +169,17 @@ def pct_env_mode(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def pve_connection(request: pytest.FixtureRequest) -> str:
+    """How dflashctl reaches `pve`: "master" (the default a user gets), or also "persist-0" (marker also_persist_0)."""
+    return getattr(request, "param", "master")
+
+
+@pytest.fixture
 def pve(sshd_server: SshdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        pct_env_mode: str) -> Iterator[PveEnv]:
+        pct_env_mode: str, pve_connection: str) -> Iterator[PveEnv]:
     """A Proxmox-like host over the real sshd with one running container (fresh per test), reached by the
     connection path a user gets by default (the connection master)."""
-    env = PveEnv(sshd_server, tmp_path, env_mode=pct_env_mode)
+    env = PveEnv(sshd_server, tmp_path, env_mode=pct_env_mode, persist=pve_connection == "master")
     for key, value in env.env.items():
         monkeypatch.setenv(key, value)
     try:

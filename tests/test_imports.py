@@ -1,8 +1,7 @@
 """Every module imports on its own terms, and dependencies point one way.
 
-Layers, top to bottom: `__main__` → entry (the console script) → cmdserver (the command server, which imports the
-CLI) → cli → commands → config → analysis | remote → agent → cmdclient → helpcache → model | errors (cmdclient and
-helpcache are stdlib-only leaves: entry imports them before typer, cli/hosts.py stops the server through cmdclient).
+Layers, top to bottom: `__main__` → entry (the console script) → cli → commands → config → analysis | remote → agent
+→ model | errors.
 A module imports its own area and areas below it, never one beside it (analysis and remote know nothing of each
 other) or above it. agent/ runs inside the container, pasted into scripts: it imports nothing from dflashctl outside
 agent/. trainer/ is deployed on its own: it imports nothing from dflashctl. No module imports a `__main__` (an entry
@@ -23,8 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("dflashctl", "trainer")
 
-LAYERS: list[set[str]] = [{"__main__"}, {"entry"}, {"cmdserver"}, {"cli"}, {"commands"}, {"config"}, {"sentinel"},
-                          {"analysis", "remote"}, {"report"}, {"agent"}, {"cmdclient"}, {"helpcache"},
+LAYERS: list[set[str]] = [{"__main__"}, {"entry"}, {"cli"}, {"commands"}, {"config"}, {"sentinel"},
+                          {"analysis", "remote"}, {"report"}, {"agent"}, {"bounds"},
                           {"model", "errors", "__init__"}]
 ISOLATED = {"dflashctl.agent": "dflashctl.agent", "trainer": "trainer"}  # package -> the only dflashctl part it may use
 ACYCLIC = ("dflashctl", "trainer")  # no two modules depend on each other anywhere

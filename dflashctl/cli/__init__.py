@@ -9,15 +9,16 @@ parent processes), `--install-completion` writes it into that shell's startup fi
 
 from __future__ import annotations
 
-import functools
 import sys
+from typing import Any
 
 import typer
+from typer._click.core import Context
 from typer._click.exceptions import NoArgsIsHelpError
 from typer.exceptions import TyperException
 from typer.main import get_command
 
-from dflashctl.cli import coerce, common
+from dflashctl.cli import common
 from dflashctl.cli.app import app
 from dflashctl.errors import DflashError, ExitCode
 
@@ -34,19 +35,25 @@ from dflashctl.cli import gpus as _gpus  # noqa: E402,F401
 # isort: on
 
 
-@functools.cache
-def built_command():  # noqa: ANN201 - a click command (typer._click), not worth importing its type here
-    """The click command behind `app`, built once a process (~10 ms): the command server builds it before it
-    forks, so a served call does not pay it. click commands keep no state between invocations."""
-    command = get_command(app)
-    coerce.install(command)  # no pydantic for plain values (issue 16)
+def plain_metavars(command: Any, ctx: Any = None) -> Any:
+    """typer (0.29) puts a Python type in the help's type column of an option without a metavar (`<bool>`,
+    `<str>`): a flag takes no value, so it shows none, and a valued option shows its name (NAME), as click's help
+    always did. Display only: parsing and coercion stay typer's. The help option (-h/--help) is made here, with the
+    app's names, as click would make it at the first parse."""
+    ctx = Context(command, parent=ctx, info_name=command.name, **(command.context_settings if ctx is None else {}))
+    help_option = command.get_help_option(ctx)
+    for p in [*command.params, *([help_option] if help_option is not None else [])]:
+        if p.param_type_name == "option" and p.metavar is None:
+            p.metavar = "" if p.is_flag else (p.name or "value").upper()
+    for sub in getattr(command, "commands", {}).values():
+        plain_metavars(sub, ctx)
     return command
 
 
 def main(argv: list[str] | None = None) -> int:
     """The console script: the verb's exit code (DESIGN §5); never a traceback for a DflashError."""
     try:
-        rv = built_command()(args=argv, prog_name="dflashctl", standalone_mode=False)
+        rv = plain_metavars(get_command(app))(args=argv, prog_name="dflashctl", standalone_mode=False)
     except DflashError as e:
         common.error(e.message, hint=e.hint)
         return int(e.exit_code)

@@ -1,7 +1,7 @@
 """The multi-host halves of launch, status, logs, stop and kill-zombies (a run across hosts, issue 17 part 2).
 
 The verbs stay where they are (cli/launch.py, cli/status.py, cli/runs.py); each hands over here when it is given
-`--cluster NAME` / `--hosts a,b` (or `--host a,b`), or finds meta.json `cluster` in the run it reads. Rendering
+`--cluster NAME` / `--host a,b`, or finds meta.json `cluster` in the run it reads. Rendering
 only: the work is in commands/cluster.py and commands/cluster_runs.py.
 """
 
@@ -25,23 +25,7 @@ if TYPE_CHECKING:
     from dflashctl.model import Cluster, Host
 
 ClusterOpt = typer.Option(None, "--cluster", metavar="NAME",
-                          help="a \\[clusters.NAME] table of hosts.toml: every host of it (or give --hosts pve1,pve2)")
-# The verbs that work across hosts take `--hosts pve1,pve2` (the issue's spelling) beside `--hosts FILE`
-HostsOrListOpt = typer.Option(None, "--hosts", metavar="FILE|H1,H2",
-                              help="hosts.toml to use (else $DFLASHCTL_HOSTS, ./hosts.toml, "
-                                   "~/.config/dflashctl/hosts.toml); or hosts separated by commas (pve1,pve2): a "
-                                   "run across those hosts, as --host pve1,pve2")
-
-
-def host_list(hosts: Path | None, host: str | None) -> tuple[Path | None, str | None]:
-    """(hosts file, host) with `--hosts pve1,pve2` read as `--host pve1,pve2`: a value with a comma that is no
-    existing file lists hosts (an existing file of that name stays the hosts file, as it always was)."""
-    if hosts is None or "," not in str(hosts) or hosts.exists():
-        return hosts, host
-    if host is not None:
-        raise ConfigError(f"--hosts {hosts} and --host {host} both name the hosts to use; give one",
-                          hint="--hosts pve1,pve2, or --hosts FILE --host pve1,pve2 for another hosts.toml")
-    return None, str(hosts)
+                          help="a \\[clusters.NAME] table of hosts.toml: every host of it (or give --host pve1,pve2)")
 
 
 def pick(hosts: Path | None, host: str | None, cluster: str | None, **overrides: int | None
@@ -95,7 +79,7 @@ def status_across(inv: Inventory, first: StatusView, json_out: bool) -> None:
 
 
 def status_known(inv: Inventory, host: str | None, cluster: str | None, run: str | None, json_out: bool) -> None:
-    """`status --cluster NAME` / `--hosts a,b`: the members are known, so every node is asked in one round."""
+    """`status --cluster NAME` / `--host a,b`: the members are known, so every node is asked in one round."""
     from dflashctl.commands.cluster import resolve
     from dflashctl.commands.cluster_runs import status_of
     from dflashctl.remote import connect
@@ -116,7 +100,7 @@ def _show_status(cs: ClusterStatus, json_out: bool) -> None:
 
 def watch_across(inv: Inventory, first: Host, run: str | None, interval: float, json_out: bool,
                  exit_on_failure: bool) -> None:
-    """`status --watch --cluster NAME` (or --hosts a,b): every node's stream at once; exit = the run's verdict."""
+    """`status --watch --cluster NAME` (or --host a,b): every node's stream at once; exit = the run's verdict."""
     from dflashctl.cli.live import watch_loop
     from dflashctl.commands import cluster_watch
     from dflashctl.commands.status import status_once
@@ -125,11 +109,11 @@ def watch_across(inv: Inventory, first: Host, run: str | None, interval: float, 
     with connect(first) as target:
         v = status_once(target, run, log_max=0)
     assert v.run is not None
-    cluster = (v.run.meta or {}).get("cluster")
-    if not members(v.run.meta):
+    cluster = v.run.meta.cluster
+    if cluster is None or not v.run.meta.members:
         raise ConfigError(f"run {v.run.id} on {first.name} is not a run across hosts",
                           hint=f"watch it alone: dflashctl status --watch {v.run.id} --host {first.name}")
-    expected = len(members(v.run.meta) or [])
+    expected = len(v.run.meta.members or [])
     views = cluster_watch.watch_across(inv, first, cluster, v.run.id, connect, interval=interval)
     watch_loop(views, render, json_out, lambda cs: cluster_watch.settled(cs, expected, exit_on_failure))
 
@@ -180,13 +164,6 @@ def stop_across(inv: Inventory, first_host: str, run_id: str, members: list[tupl
     raise Exit(code)
 
 
-def members(meta: dict | None) -> list[tuple[str, int]] | None:
-    """[(host, node_rank)] of a run across hosts, from its meta.json (None: a one-host run)."""
-    from dflashctl.commands.cluster_meta import members as of_meta
-
-    return of_meta(meta)
-
-
 def logs_across(inv: Inventory, first_host: str, run_id: str, members: list[tuple[str, int]], lines: int,
                 json_out: bool) -> None:
     """Each node's tail, every line prefixed `[host] ` (`logs --node HOST` reads one node's alone, unprefixed)."""
@@ -210,7 +187,7 @@ def logs_across(inv: Inventory, first_host: str, run_id: str, members: list[tupl
 
 def zombies_across(inv: Inventory, cluster: Cluster, dry_run: bool, yes: bool, grace: float, json_out: bool,
                    zombie_table: Callable[..., Any]) -> None:
-    """`kill-zombies --cluster NAME` / `--hosts a,b`: every host, each its own table (cli/runs.py's zombie_table)."""
+    """`kill-zombies --cluster NAME` / `--host a,b`: every host, each its own table (cli/runs.py's zombie_table)."""
     from dflashctl.commands import zombies as zombies_cmd
     from dflashctl.commands.cluster_runs import zombies_all
     from dflashctl.remote import connect

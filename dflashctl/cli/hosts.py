@@ -115,9 +115,7 @@ def hosts_disconnect(
     names: list[str] | None = typer.Argument(None, metavar="HOST", help="hosts whose ssh master to end (default: all)"),
     hosts: Path | None = HostsOpt,
 ) -> None:
-    """End the background ssh connection masters (all of yours, or those of HOST), and without HOST the command
-    server too. Exit 0 also when none runs."""
-    from dflashctl import cmdclient
+    """End the background ssh connection masters (all of yours, or those of HOST). Exit 0 also when none runs."""
     from dflashctl.commands.hosts import disconnect
     from dflashctl.config import load_inventory
 
@@ -127,5 +125,3 @@ def hosts_disconnect(
         console.print(f"ended the ssh master for {escape(m.host)} ({escape(m.endpoint)}, pid {m.pid})")
     if not ended:
         console.print("no ssh master was running" + (f" for {', '.join(map(escape, names))}" if names else ""))
-    for pid in [] if names else cmdclient.stop():
-        console.print(f"ended the command server (pid {pid})")

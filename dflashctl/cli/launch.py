@@ -16,7 +16,7 @@ import typer
 
 from dflashctl import bounds
 from dflashctl.cli.app import app
-from dflashctl.cli.cluster import ClusterOpt, HostsOrListOpt, host_list, launch_across, pick
+from dflashctl.cli.cluster import ClusterOpt, launch_across, pick
 from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, err, escape, open_target, out, print_json, show
 from dflashctl.errors import ConfigError
 
@@ -106,11 +106,11 @@ def launch(
     nproc_per_node: int | None = typer.Option(None, "--nproc-per-node", metavar="N", min=1,
                                               help="across hosts: trainer processes per host (1)"),
     host: str | None = HostOpt,
-    hosts: Path | None = HostsOrListOpt,
+    hosts: Path | None = HostsOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Start a run detached in the container, with its own run directory: the bundled trainer, or any command.
-    With --cluster NAME or --hosts pve1,pve2: one run across those hosts (torchrun on each, rendezvous on the first).
+    With --cluster NAME or --host pve1,pve2: one run across those hosts (torchrun on each, rendezvous on the first).
 
     Each run gets a sentinel inside the container: it writes <run>/events.jsonl and, with --notify, tells you about
     a crashed worker, a stall or the end while your laptop is closed."""
@@ -126,7 +126,6 @@ def launch(
                                     confirm=wait_for == "started" and not follow,
                                     watch=_watch_opts(sentinel, notify, notify_on, on_worker_failure, idle_limit,
                                                       stall_limit, restart_on, max_restarts, backoff))
-    hosts, host = host_list(hosts, host)
     inv, across = pick(hosts, host, cluster, rendezvous_port=rendezvous_port, nproc_per_node=nproc_per_node)
     if across is not None:
         if follow or wait_for != "started":
@@ -344,7 +343,8 @@ def adopt(
         print_json(res.to_record())
         return
     out(f"adopted pid {res.pid} as run [bold]{escape(res.run_id)}[/] on {target.host.label}")
+    out(f"  found    {res.found}", markup=False)
     out(f"  command  {shlex.join(res.cmdline)}\n  started  {res.started_at}\n  log      {res.log_path}"
-        f"\n  stop     {'its process group' if res.leads_group else 'the pid alone (it leads no process group)'}",
+        f"\n  stop     ends its whole process tree ({len(res.tree) + 1} process(es) now, found again at stop time)",
         markup=False)
     out(f"  next dflashctl status | dflashctl logs -f {res.run_id} | dflashctl stop {res.run_id}", markup=False)

@@ -18,11 +18,8 @@ from dflashctl import bounds
 from dflashctl.cli.app import app
 from dflashctl.cli.cluster import (
     ClusterOpt,
-    HostsOrListOpt,
     entry_host,
-    host_list,
     logs_across,
-    members,
     pick,
     stop_across,
     zombies_across,
@@ -60,7 +57,7 @@ def runs(host: str | None = HostOpt, hosts: Path | None = HostsOpt, json_out: bo
                 *(["LAST EVENT"] if watched else [])):
         table.add_column(col, no_wrap=col != "LAST EVENT", overflow="ellipsis")
     for r in lst.runs:
-        started = (r.meta or {}).get("started_at") or "-"
+        started = r.meta.started_at or "-"
         table.add_row("*" if r.id == lst.latest else "", ("↳ " if (r.attempt or 1) > 1 else "") + r.id,
                       str(r.verdict(lst.now)), str(r.pid or "-"),
                       str(started), age(r.duration_s(lst.now)), "-" if r.last_step is None else str(r.last_step),
@@ -87,7 +84,7 @@ def logs(
                                     help="a run across hosts: this node's log alone (else every node's, prefixed)"),
     cluster: str | None = ClusterOpt,
     host: str | None = HostOpt,
-    hosts: Path | None = HostsOrListOpt,
+    hosts: Path | None = HostsOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Print a run's train.log (its tail, a live follow, or only its errors)."""
@@ -95,7 +92,6 @@ def logs(
         raise ConfigError(f"--lines must be 0 or more (got {lines})")
     from dflashctl.commands import logs as logs_cmd
 
-    hosts, host = host_list(hosts, host)
     inv, _ = pick(hosts, host, cluster)
     with open_target(hosts, node or entry_host(inv, host, cluster)) as target:
         if errors:
@@ -113,7 +109,7 @@ def logs(
         if follow:
             raise Exit(follow_log(target, run, lines=lines))
         t = logs_cmd.tail(target, run, lines)
-        across = members(t.run.meta)
+        across = t.run.meta.members
         if node is not None and node not in [h for h, _ in across or []]:
             raise ConfigError(f"--node {node}: run {t.run.id} is not a run across hosts with a node {node}",
                               hint="the nodes are in `dflashctl status RUN`")
@@ -185,7 +181,7 @@ def stop(
                                 help="seconds between SIGTERM and SIGKILL"),
     cluster: str | None = ClusterOpt,
     host: str | None = HostOpt,
-    hosts: Path | None = HostsOrListOpt,
+    hosts: Path | None = HostsOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Stop a run: SIGTERM to its process group, grace period, SIGKILL. Exits 103 (stopped by user).
@@ -193,11 +189,10 @@ def stop(
     from dflashctl.commands import stop as stop_cmd
     from dflashctl.commands.runs import get_run
 
-    hosts, host = host_list(hosts, host)
     inv, _ = pick(hosts, host, cluster)
     with open_target(hosts, entry_host(inv, host, cluster)) as target:
         info, _doc = get_run(target, run)
-        across = members(info.meta)
+        across = info.meta.members
         if across:
             stop_across(inv, target.host.name, info.id, across, grace, json_out)
         res = stop_cmd.stop(target, info.id, grace_s=grace)
@@ -205,10 +200,25 @@ def stop(
         print_json(res.to_record())
     else:
         how = "SIGKILL after the grace period" if res.escalated else "SIGTERM"
-        out(f"stopped run {res.run_id} (pid {res.pid}) with {how}: exit code {res.exit_code}")
+        verb = "stopped" if not res.survivors else "signalled"
+        out(f"{verb} run {res.run_id} (pid {res.pid}) with {how}: exit code {res.exit_code}", markup=False)
+        if len(res.members) > 1:
+            out("ended its process tree: " + ", ".join(f"{m['pid']} {_short_cmd(str(m.get('cmdline') or ''), 40)}"
+                                                         for m in res.members), markup=False)
         if res.gpu_released_mib:
             freed = ", ".join(f"GPU {i}: {mib:.0f} MiB" for i, mib in res.gpu_released_mib.items() if mib)
             out(f"GPU memory released: {freed or 'none'}")
+        if res.cache_removed:
+            out(f"removed {len(res.cache_removed)} half-written compile-cache file(s): "
+                + ", ".join(res.cache_removed[:3]) + (" …" if len(res.cache_removed) > 3 else ""), markup=False)
+        for u in res.unwritten:
+            why = "the disk is full: " if res.disk_full else ""
+            err(f"[yellow]WARNING:[/] the run was ended but {why}could not write {escape(u)}")
+        for s in res.survivors:
+            err(f"[bold red]ERROR:[/] pid {s['pid']} ({escape(_short_cmd(str(s.get('cmdline') or '')))}) of the "
+                "run's process tree is still alive after SIGKILL; the run is not stopped")
+    if res.survivors:
+        raise Exit(1)
     raise Exit(ExitCode.STOPPED)
 
 
@@ -247,14 +257,13 @@ def kill_zombies(
                                 help="seconds between SIGTERM and SIGKILL"),
     cluster: str | None = ClusterOpt,
     host: str | None = HostOpt,
-    hosts: Path | None = HostsOrListOpt,
+    hosts: Path | None = HostsOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """End processes of earlier runs, defunct children's parents, and GPU holders of no live run (with --cluster
-    NAME or --hosts a,b: on every one of those hosts)."""
+    NAME or --host a,b: on every one of those hosts)."""
     from dflashctl.commands import zombies as zombies_cmd
 
-    hosts, host = host_list(hosts, host)
     inv, across = pick(hosts, host, cluster)
     if across is not None:
         if pid:

@@ -16,15 +16,12 @@ from dflashctl import bounds
 from dflashctl.cli.app import app
 from dflashctl.cli.cluster import (
     ClusterOpt,
-    HostsOrListOpt,
     entry_host,
-    host_list,
-    members,
     status_across,
     status_known,
     watch_across,
 )
-from dflashctl.cli.common import Exit, HostOpt, JsonOpt, err, escape, print_json
+from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, err, escape, print_json
 from dflashctl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -56,7 +53,7 @@ def _load_hosts(hosts: Path | None):
 @app.command("status")
 def status(
     run: str = typer.Argument(None, metavar="[RUN]", help="run id (default: the latest run)"),
-    hosts: Path = HostsOrListOpt,
+    hosts: Path = HostsOpt,
     host: str = HostOpt,
     json_: bool = JsonOpt,
     watch: bool = typer.Option(False, "--watch", "-w", help="live view, redrawn in place (streaming probe)"),
@@ -77,8 +74,7 @@ def status(
                                         help="with --watch: a desktop notification when the run fails or ends"),
 ) -> None:
     """The run's verdict, threads, GPUs and known failures (exit code = the verdict's code). A run across hosts
-    (--cluster NAME, --hosts pve1,pve2, or a run whose meta.json names its nodes): one row per node."""
-    hosts, host = host_list(hosts, host)
+    (--cluster NAME, --host pve1,pve2, or a run whose meta.json names its nodes): one row per node."""
     if all_hosts:
         if run or host or watch:
             raise ConfigError("--all checks the latest run of every host; it takes no RUN, --host or --watch")
@@ -104,7 +100,7 @@ def status(
     if not watch:
         with connect(h) as target:
             v = status_cmd.status_once(target, run)
-        if v.run is not None and members(v.run.meta):
+        if v.run is not None and v.run.meta.members:
             status_across(inv, v, json_)
         if json_:
             print_json(v.to_record())
@@ -189,14 +185,13 @@ def diagnose(
     json_: bool = JsonOpt,
 ) -> None:
     """What went wrong and what to do, from copied files only (exit code = the verdict's code)."""
-    from dflashctl.analysis.records import to_record
     from dflashctl.cli.statusview import render
     from dflashctl.commands import diagnose as diagnose_cmd
 
     d = diagnose_cmd.diagnose(list(logs or []), list(gpus or []), progress_regex=progress_regex,
                               kernel_logs=list(kernel_log or []))
     if json_:
-        print_json(to_record(d.health))
+        print_json(d.health.to_record())
     else:
         _print(render(f"diagnose {', '.join(d.sources)}", d.health, extra=[f"{d.log.last_line_no} lines"]))
     raise Exit(d.health.exit_code)

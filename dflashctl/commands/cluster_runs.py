@@ -15,9 +15,8 @@ from typing import Any
 from dflashctl.commands import logs as logs_cmd
 from dflashctl.commands import stop as stop_cmd
 from dflashctl.commands import zombies as zombies_cmd
-from dflashctl.commands._runs import runs_dir
-from dflashctl.commands.cluster_meta import members
 from dflashctl.commands.fanout import fan_out
+from dflashctl.commands.runlookup import runs_dir
 from dflashctl.commands.status import StatusView, status_once
 from dflashctl.config import Inventory
 from dflashctl.errors import ConfigError, DflashError, ExitCode
@@ -100,18 +99,19 @@ def cluster_status(inv: Inventory, first: StatusView, connect: Callable[[Host], 
     """Every node's status (the first one's view reused), judged as one run: the path when only the first host is
     given (its meta.json names the others, a second round asks them)."""
     assert first.run is not None
-    meta = first.run.meta or {}
+    meta = first.run.meta
     run_id = first.run.id
-    others = [m for m in members(meta) or [] if m[0] != first.host]
+    others = [m for m in meta.members or [] if m[0] != first.host]
     rows = _rows(_each_node(inv, inv.hosts.get(first.host) or Host(first.host), others,
                             lambda t: status_once(t, run_id), connect))
-    own = next((r for h, r in members(meta) or [] if h == first.host), 0)
-    return judge(run_id, meta["cluster"], sorted([NodeRow(first.host, own, first), *rows], key=lambda r: r.node_rank))
+    own = next((r for h, r in meta.members or [] if h == first.host), 0)
+    rows = sorted([NodeRow(first.host, own, first), *rows], key=lambda r: r.node_rank)
+    return judge(run_id, meta.cluster or {}, rows)
 
 
 def status_of(inv: Inventory, cluster: Cluster, run: str | None,
               connect: Callable[[Host], Target]) -> ClusterStatus:
-    """`status --cluster NAME` / `--hosts a,b`: the members are known, so every node is asked in one round. The
+    """`status --cluster NAME` / `--host a,b`: the members are known, so every node is asked in one round. The
     run's meta.json still decides: members other than the ones given are asked as the first host's run names them
     (cluster_status), and without a RUN a node whose latest run is another is asked again for node 0's."""
     asked = [(h, i) for i, h in enumerate(cluster.hosts)]
@@ -120,17 +120,17 @@ def status_of(inv: Inventory, cluster: Cluster, run: str | None,
     if lead is None:
         raise next(e for *_x, e in got if e is not None)  # no node answered: the first one's one-line error
     assert lead.run is not None
-    if members(lead.run.meta) is None:
+    if lead.run.meta.members is None:
         raise ConfigError(f"run {lead.run.id} on {lead.host} is not a run across hosts",
                           hint=f"ask it alone: dflashctl status {lead.run.id} --host {lead.host}")
-    if sorted(members(lead.run.meta) or []) != sorted(asked):
+    if sorted(lead.run.meta.members or []) != sorted(asked):
         return cluster_status(inv, lead, connect)
     run_id = lead.run.id
     again = [(h, r) for h, r, v, e in got if e is None and v.run is not None and v.run.id != run_id]
     redo = {h: (h, r, v, e) for h, r, v, e in _each_node(inv, inv.get(cluster.hosts[0]), again,
                                                          lambda t: status_once(t, run_id), connect)}
     rows = _rows([redo.get(h, (h, r, v, e)) for h, r, v, e in got])
-    return judge(run_id, (lead.run.meta or {})["cluster"], sorted(rows, key=lambda x: x.node_rank))
+    return judge(run_id, lead.run.meta.cluster or {}, sorted(rows, key=lambda x: x.node_rank))
 
 
 def _rows(got: list[tuple[str, int, Any, DflashError | None]]) -> list[NodeRow]:

@@ -6,8 +6,8 @@ on stdin. It forks once more (so the command that started it reaps its child at 
 child), connects with the very SshTransport an in-process command uses (host-key and auth checks as always), then
 writes one JSON line on stdout, `{"ok": true}` or the connection error, which the starting command raises as its own.
 
-Then it serves clients on a 0600 UNIX socket, each command on its own thread and ssh channel — or, for a one-shot
-`[pct exec CT --] PYTHON -c SRC ARGS...`, through the resident runner of that place (runnerlink.py) — and exits
+Then it serves clients of our own uid (SO_PEERCRED) on a 0600 UNIX socket, each command on its own thread and ssh
+channel, and exits
 - after `persist` seconds with no client (never while a command runs through it),
 - when its ssh connection dies (its socket goes with it; a command that comes in meanwhile is answered GONE),
 - on `hosts disconnect` (a quit request) or SIGTERM, or when its socket file is removed or replaced.
@@ -28,7 +28,6 @@ from pathlib import Path
 
 from dflashctl.errors import DflashError
 from dflashctl.remote import masterwire as wire
-from dflashctl.remote.runnerlink import NotRouted, Runners
 from dflashctl.remote.ssh import NoChannelInTime, SshTransport, _feed, _pump, _signal, _wait
 from dflashctl.remote.sshlib import paramiko
 from dflashctl.remote.transport import shell_join
@@ -47,7 +46,6 @@ class Master:
         self.stopping = threading.Event()
         self.why = "idle"
         self.inode: int | None = None
-        self.runners = Runners(transport, enabled=os.environ.get("DFLASHCTL_RUNNERS") != "0")
 
     # -- the socket and the serve loop ----------------------------------------------------------------------------
     def listen(self) -> socket.socket:
@@ -64,8 +62,9 @@ class Master:
         listener.listen(64)
         os.replace(tmp, self.place.sock)
         self.inode = self.place.sock.stat().st_ino
-        info = {"pid": os.getpid(), "host": self.transport.host.name, "endpoint": self.transport.host.endpoint,
-                "persist_s": self.persist_s, "started_at": time.time(), "socket": str(self.place.sock)}
+        info = {"master": wire.PROTOCOL, "pid": os.getpid(), "host": self.transport.host.name,
+                "endpoint": self.transport.host.endpoint, "persist_s": self.persist_s, "started_at": time.time(),
+                "socket": str(self.place.sock)}
         tmp_info = self.place.info.with_suffix(f".{os.getpid()}.tmp")
         tmp_info.write_text(json.dumps(info))
         os.replace(tmp_info, self.place.info)
@@ -136,15 +135,14 @@ class Master:
                 if self.active == 0:
                     break
             time.sleep(0.02)
-        self.runners.close()  # EOF to each runner: it kills its children and exits
         self.transport.close()
 
     # -- one client ----------------------------------------------------------------------------------------------
     def handle(self, conn: socket.socket) -> None:
         try:
             self._handle(conn)
-        except (OSError, wire.WireError, ValueError, KeyError, TypeError):
-            pass  # a client that hung up or spoke nonsense: nothing to answer
+        except (OSError, wire.WireError, wire.ForeignPeer, ValueError, KeyError, TypeError):
+            pass  # a client of another user, one that hung up or spoke nonsense: nothing to answer
         finally:
             conn.close()
             with self.lock:
@@ -152,6 +150,7 @@ class Master:
                 self.last = time.monotonic()
 
     def _handle(self, conn: socket.socket) -> None:
+        wire.check_peer(conn)  # our connection carries our secrets: only our uid may use it
         frame = wire.recv(conn)
         if frame is None or frame[0] != wire.REQUEST:
             return
@@ -178,15 +177,10 @@ class Master:
         argv = [str(a) for a in req["argv"]]
         data, stream = bytes(stdin) if req.get("stdin") else None, bool(req.get("stream"))
         timeout = req.get("timeout")
-        deadline = None if timeout is None else time.monotonic() + float(timeout)  # a runner's start spends it too
+        deadline = None if timeout is None else time.monotonic() + float(timeout)
         try:
-            try:
-                if stream:
-                    raise NotRouted("a stream keeps its channel")
-                code = self.runners.run(argv, data, timeout, conn, hung_up, deadline)
-            except NotRouted:
-                code = run_channel(self.transport, argv, data, timeout, conn, stream=stream, hung_up=hung_up,
-                                   deadline=deadline)
+            code = run_channel(self.transport, argv, data, timeout, conn, stream=stream, hung_up=hung_up,
+                               deadline=deadline)
         except DflashError as e:
             wire.send_json(conn, wire.EXIT, {"error": type(e).__name__, "message": e.message, "hint": e.hint,
                                              "exit_code": int(e.exit_code)})
@@ -209,8 +203,7 @@ def run_channel(t: SshTransport, argv: Sequence[str], stdin: bytes | None, timeo
                 conn: socket.socket, *, stream: bool, hung_up: threading.Event,
                 deadline: float | None = None) -> int | None:
     """SshTransport.run's loop, forwarding output as it comes instead of collecting it: same channel, same timeout
-    error, same exit status rules. None when the client hung up (the channel is closed, as a closed stream does).
-    deadline: the request's, when part of its time went elsewhere first (a runner that was still starting)."""
+    error, same exit status rules. None when the client hung up (the channel is closed, as a closed stream does)."""
     if deadline is None and timeout is not None:
         deadline = time.monotonic() + float(timeout)
     try:

@@ -8,6 +8,8 @@ master, which runs it on its own channel of the connection it already holds. Thi
   died answers GONE before running anything, and the command goes to a new master, with one line on stderr.
 - A connection that breaks while a command runs is `ssh connection lost`, as in-process: the command is not re-sent.
 - Closing a stream hangs up on the master, which closes the channel, as SshTransport.stream's close does.
+- Trust (masterwire.py): the folder must be a private directory of ours and the master must run as our uid, else the
+  command stops with a one-line error (exit 2) instead of sending anything: never repaired, never followed.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import errno
 import fcntl
 import json
 import os
+import re
 import select
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -27,12 +31,21 @@ from pathlib import Path
 from typing import Any
 
 from dflashctl import errors
-from dflashctl.errors import ConnectFailed, DflashError
+from dflashctl.errors import ConfigError, ConnectFailed, DflashError
 from dflashctl.model import Host
 from dflashctl.remote import masterwire as wire
 from dflashctl.remote.transport import Result, Transport
 
 START_TIMEOUT_S = 120.0  # the master's own connect timeouts (10 s a stage, per hop) end it well before this
+_KEY = re.compile(r"[0-9a-f]{20}")  # masterwire.connection_key's names: nothing else in the folder is a master's
+_UNSAFE_HINT = ("make it a directory of your own with mode 0700 (or set DFLASHCTL_STATE_DIR to one), or persist = 0 "
+                "for this host in hosts.toml")
+
+
+def unsafe(e: wire.UnsafeStateDir | wire.ForeignPeer) -> ConfigError:
+    """The one-line refusal for a masters' folder or socket that is not private to us."""
+    what = "ssh master folder" if isinstance(e, wire.UnsafeStateDir) else "ssh master socket"
+    return ConfigError(f"refusing the {what}: {e}", hint=_UNSAFE_HINT)
 
 
 class MasterTransport(Transport):
@@ -57,6 +70,8 @@ class MasterTransport(Transport):
     def _start(self, *, replacing: bool = False) -> None:
         try:
             wire.ensure_dir(self.place.dir)
+        except wire.UnsafeStateDir as e:
+            raise unsafe(e) from None
         except OSError as e:
             raise ConnectFailed(f"host {self.host.name}: cannot use {self.place.dir} for the ssh master "
                                 f"({e.strerror or e})", hint="set DFLASHCTL_STATE_DIR to a directory of your own, "
@@ -180,10 +195,21 @@ class MasterTransport(Transport):
 
 
 def _dial(path: Path) -> socket.socket | None:
-    """A connected socket, or None when no master listens there (no file, or a stale one)."""
+    """A connected socket to a master of ours, or None when no master listens there (no file, or a stale one).
+    The folder is checked first and the listener's uid after: a socket someone else put there is refused."""
+    try:
+        wire.checked_dir(path.parent)
+    except FileNotFoundError:
+        return None
+    except wire.UnsafeStateDir as e:
+        raise unsafe(e) from None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(str(path))
+        wire.check_peer(sock)
+    except wire.ForeignPeer as e:
+        sock.close()
+        raise unsafe(e) from None
     except OSError as e:
         sock.close()
         if e.errno in (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTSOCK, errno.ENOTDIR):
@@ -226,19 +252,48 @@ class MasterInfo:
 
 
 def list_masters(directory: Path | None = None) -> list[MasterInfo]:
+    """The masters this user's folder holds, by the info files a master wrote (`<key>.json` with our `master`
+    field and its own socket path): nothing else in the folder is looked at. A folder that is not private to us
+    (a symlink, another owner, open permissions) is refused (ConfigError), never followed."""
     d = directory or wire.masters_dir()
+    try:
+        wire.checked_dir(d)
+    except FileNotFoundError:
+        return []
+    except wire.UnsafeStateDir as e:
+        raise unsafe(e) from None
     found = []
-    for info_path in sorted(d.glob("*.json")) if d.is_dir() else ():
-        doc = wire.read_info(info_path) or {}
-        found.append(MasterInfo(wire.Place(d, info_path.stem), doc.get("pid"), str(doc.get("host", "?")),
-                                str(doc.get("endpoint", "?"))))
+    for info_path in sorted(d.iterdir()):
+        if info_path.suffix != ".json" or not _KEY.fullmatch(info_path.stem):
+            continue
+        place = wire.Place(d, info_path.stem)
+        doc = _our_info(place)
+        if doc is not None:
+            pid = doc.get("pid")
+            found.append(MasterInfo(place, pid if isinstance(pid, int) else None, str(doc.get("host", "?")),
+                                    str(doc.get("endpoint", "?"))))
     return found
+
+
+def _our_info(place: wire.Place) -> dict[str, Any] | None:
+    """The info file of `place` when a master wrote it: a regular file of ours naming this very socket."""
+    try:
+        st = os.lstat(place.info)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        return None
+    doc = wire.read_info(place.info)
+    if doc is None or "master" not in doc or doc.get("socket") != str(place.sock):
+        return None
+    return doc
 
 
 def end_master(m: MasterInfo, timeout: float = 10.0) -> bool:
     """Ask the master to quit (it closes its connection and removes its socket); SIGTERM when it does not answer.
-    True when a live master was ended, False when only stale files were left (they are removed)."""
-    sock = _dial(m.place.sock) if m.place.sock.exists() else None
+    True when a live master was ended, False when only stale files were left: those are removed, and only those
+    (a socket of ours, the info file a master wrote)."""
+    sock = _dial(m.place.sock)
     ended = False
     if sock is not None:
         try:
@@ -257,14 +312,27 @@ def end_master(m: MasterInfo, timeout: float = 10.0) -> bool:
         while _is_master(m.pid, m.place) and time.monotonic() < deadline:
             time.sleep(0.02)
     if not ended:
-        m.place.sock.unlink(missing_ok=True)
-        m.place.info.unlink(missing_ok=True)
+        _remove_if(m.place.sock, stat.S_ISSOCK)
+        if _our_info(m.place) is not None:
+            m.place.info.unlink(missing_ok=True)
     return ended
 
 
-def _is_master(pid: int, place: wire.Place) -> bool:
-    """pid is alive and is the master of this socket (not a reused pid)."""
+def _remove_if(path: Path, kind: Any) -> None:
+    """Unlink path when it is of `kind` (stat.S_ISSOCK …) and ours; anything else stays."""
     try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if kind(st.st_mode) and st.st_uid == os.getuid():
+        path.unlink(missing_ok=True)
+
+
+def _is_master(pid: int, place: wire.Place) -> bool:
+    """pid is alive, ours, and is the master of this socket (not a reused pid)."""
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return False
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False

@@ -3,11 +3,16 @@
 Kept free of paramiko (and of everything else heavy) because every command that reaches a host through a master
 imports it: that is the point of the master, no paramiko import and no handshake per command.
 
-Where: one directory per user, 0700 (`$DFLASHCTL_STATE_DIR/masters`, else `$XDG_RUNTIME_DIR/dflashctl/masters`,
-else `~/.cache/dflashctl/masters`); in it `<key>.sock` (0600), `<key>.json` (who holds it: pid, host, endpoint) and
-`<key>.lock` (taken while a master is started, so two commands at once start one). The key hashes everything that
-decides which connection a host gets (user, address, port, jump chain, key, known_hosts, ssh config, agent), so a
-changed hosts.toml (`persist` included) or ~/.ssh/config gets a new master instead of the old connection.
+Where: one directory per user (`$DFLASHCTL_STATE_DIR/masters`, else `$XDG_RUNTIME_DIR/dflashctl/masters`, else
+`~/.cache/dflashctl/masters`), which must be a real directory (no symlink), ours, 0700, in a parent that is ours or
+root's and not writable by others (unless sticky): anything else is refused (UnsafeStateDir), never repaired or
+followed, since whoever controls the folder receives a launch's `--env` secrets. In it `<key>.sock` (0600),
+`<key>.json` (who holds it: pid, host, endpoint, socket; the `master` field marks it as one of ours), `<key>.lock`
+(taken while a master is started, so two commands at once start one) and `<key>.log`. A client also checks that
+whoever listens on the socket runs as our uid (SO_PEERCRED), and the master checks each client the same way.
+The key hashes everything that decides which connection a host gets (user, address, port, jump chain, key,
+known_hosts, ssh config, agent) and the fingerprint of the code a master runs (fingerprint.py), so a changed
+hosts.toml (`persist` included), ~/.ssh/config or an upgraded dflashctl gets a new master instead of the old one.
 
 Frames: one type byte, a 4-byte big-endian length, the payload. Client to master: REQUEST (JSON: op, argv, timeout,
 stream), then STDIN chunks and STDIN_END; after that the client only ever closes (a hang-up ends the command).
@@ -17,19 +22,21 @@ Master to client: OUT / ERR chunks, then one EXIT (JSON: code, or error + messag
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import socket
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflashctl.cmdclient import ensure_dir as ensure_dir  # the masters' folder: 0700, ours (one check for both)
 from dflashctl.model import Host
+from dflashctl.remote.fingerprint import code_fingerprint
 
-PROTOCOL = 1  # part of the key: a client never talks to a master of another protocol
+PROTOCOL = 2  # part of the key: a client never talks to a master of another protocol
 REQUEST, STDIN, STDIN_END, OUT, ERR, EXIT, GONE = b"R", b"I", b"i", b"O", b"E", b"X", b"G"
 CHUNK = 256 * 1024
 _HEAD = struct.Struct(">cI")
@@ -38,6 +45,53 @@ MAX_SUN_PATH = 107  # sockaddr_un.sun_path holds 108 bytes with the NUL
 
 class WireError(Exception):
     """The peer hung up mid-frame or sent something that is not a frame."""
+
+
+class UnsafeStateDir(Exception):
+    """The masters' folder (or what it points at) is not private to us: refuse it rather than fix or follow it."""
+
+
+class ForeignPeer(Exception):
+    """The process at the other end of a master's socket runs as another user."""
+
+
+def ensure_dir(path: Path) -> None:
+    """Make the masters' folder (0700) if it is missing, then check it (checked_dir)."""
+    with contextlib.suppress(FileExistsError):  # a symlink or a file of that name: checked_dir says which
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    checked_dir(path)
+
+
+def checked_dir(path: Path) -> None:
+    """A real directory (lstat: not a symlink to one), owned by us, 0700, whose parent is ours or root's and not
+    writable by others unless sticky (else they could swap our folder). Raises UnsafeStateDir saying which."""
+    uid = os.getuid()
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeStateDir(f"{path} is a symlink, not a directory")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeStateDir(f"{path} is not a directory")
+    if st.st_uid != uid:
+        raise UnsafeStateDir(f"{path} is owned by uid {st.st_uid}, not by you (uid {uid})")
+    if st.st_mode & 0o077:
+        raise UnsafeStateDir(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0700")
+    parent = os.stat(path.parent)
+    if parent.st_uid not in (uid, 0):
+        raise UnsafeStateDir(f"{path.parent} is owned by uid {parent.st_uid}, not by you or root")
+    if parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX:
+        raise UnsafeStateDir(f"{path.parent} is writable by others")
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a connected UNIX socket (SO_PEERCRED: pid, uid, gid)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def check_peer(sock: socket.socket) -> None:
+    uid = peer_uid(sock)
+    if uid != os.getuid():
+        raise ForeignPeer(f"the process behind the socket runs as uid {uid}, not as you (uid {os.getuid()})")
 
 
 @dataclass(frozen=True)
@@ -86,9 +140,9 @@ def connection_key(host: Host) -> str:
         cfg_state: tuple[Any, ...] = (str(cfg), st.st_mtime_ns, st.st_size)
     except OSError:
         cfg_state = (str(cfg),)
-    parts = (PROTOCOL, os.getuid(), host.address, host.user, host.port, host.identity_file, host.proxy_jump,
-             host.accept_new_host_key, host.persist_s, os.environ.get("DFLASHCTL_KNOWN_HOSTS"), cfg_state,
-             os.environ.get("SSH_AUTH_SOCK"), os.environ.get("HOME"))
+    parts = (PROTOCOL, code_fingerprint(), os.getuid(), host.address, host.user, host.port, host.identity_file,
+             host.proxy_jump, host.accept_new_host_key, host.persist_s, os.environ.get("DFLASHCTL_KNOWN_HOSTS"),
+             cfg_state, os.environ.get("SSH_AUTH_SOCK"), os.environ.get("HOME"))
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
 

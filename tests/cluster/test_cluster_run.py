@@ -23,7 +23,7 @@ def _meta(hosts, env, run_id: str) -> dict:
 
 def test_launch_across_two_hosts_trains_shows_both_nodes_and_stop_ends_both(two_hosts, cli):
     h = two_hosts
-    res = cli("launch", "--hosts", "pve1,pve2", "--rendezvous-port", str(h.port), "--name", "duo run", "--json", *TRAIN,
+    res = cli("launch", "--host", "pve1,pve2", "--rendezvous-port", str(h.port), "--name", "duo run", "--json", *TRAIN,
               "--set", "train.steps=100000")
     assert res.code == 0, res.err
     doc = res.json()
@@ -56,7 +56,7 @@ def test_launch_across_two_hosts_trains_shows_both_nodes_and_stop_ends_both(two_
     rows = [ln.split() for ln in table.out.splitlines() if ln.split()[:2] in (["0", "pve1"], ["1", "pve2"])]
     assert [r[4] for r in rows] == ["3/3", "3/3"], table.out
 
-    logs = cli("logs", run_id, "-n", "5", "--hosts", "pve1,pve2")
+    logs = cli("logs", run_id, "-n", "5", "--host", "pve1,pve2")
     assert logs.code == 0 and "[pve1] " in logs.out and "[pve2] " in logs.out, logs.out
     only2 = cli("logs", run_id, "--node", "pve2", "-n", "5")
     assert only2.code == 0 and "[pve1]" not in only2.out
@@ -70,14 +70,14 @@ def test_launch_across_two_hosts_trains_shows_both_nodes_and_stop_ends_both(two_
     # the members given: every node asked in one round, so a first host that does not answer is a row, the others
     # judged (the two-round path, which reads the members from the first host's run, could not answer at all)
     h.write_hosts(pve1_port=closed_port())
-    first_cut = cli("status", run_id, "--hosts", "pve1,pve2", "--json")
+    first_cut = cli("status", run_id, "--host", "pve1,pve2", "--json")
     assert first_cut.code == 102, first_cut.err
     rows = {n["host"]: n for n in first_cut.json()["nodes"]}
     assert "pve1" in rows["pve1"]["error"] and rows["pve2"]["run"]["id"] == run_id, rows
     assert cli("status", run_id, "--json").code == 102  # the first host alone: nothing to read the members from
     h.write_hosts()
 
-    stopped = cli("stop", run_id, "--json", "--grace", "10", "--hosts", "pve1,pve2")
+    stopped = cli("stop", run_id, "--json", "--grace", "10", "--host", "pve1,pve2")
     assert stopped.code == 103, stopped.err
     # torchrun ends 1 on SIGTERM; a node our stop ended records the clean stop's 143, as a one-host run
     assert [(n["host"], n["exit_code"]) for n in stopped.json()["nodes"]] == [("pve1", 143), ("pve2", 143)]
@@ -87,7 +87,7 @@ def test_launch_across_two_hosts_trains_shows_both_nodes_and_stop_ends_both(two_
     after = cli("status", run_id, "--json").json()
     assert after["verdict"] == "stopped" and [n["verdict"] for n in after["nodes"]] == ["stopped", "stopped"]
     assert [n["exit_code"] for n in after["nodes"]] == [103, 103] and after["exit_code"] == 103
-    zombies = cli("kill-zombies", "--hosts", "pve1,pve2", "--dry-run", "--json")
+    zombies = cli("kill-zombies", "--host", "pve1,pve2", "--dry-run", "--json")
     assert zombies.code == 0, zombies.err
     assert [(x["host"], x["error"], x["dry_run"]) for x in zombies.json()["hosts"]] == [("pve1", None, True),
                                                                                       ("pve2", None, True)]
@@ -116,6 +116,6 @@ def test_a_crash_on_node_2_makes_the_run_crashed_naming_node_2(two_hosts, cli):
     table = cli("status", run_id)
     assert table.code == 100 and "node pve2 failed first" in table.out, table.out
     # the table watch (the one --watch loop of cli/live.py): the run has ended, so the final view, printed once
-    drawn = cli("status", run_id, "--watch", "--hosts", "pve1,pve2", "--interval", "0.5")
+    drawn = cli("status", run_id, "--watch", "--host", "pve1,pve2", "--interval", "0.5")
     assert drawn.code == 100 and "node pve2 failed first" in drawn.out, drawn.out
     assert "pve1" in drawn.out and "pve2" in drawn.out and "crashed" in drawn.out
