@@ -20,6 +20,7 @@ from typing import Any
 from dflashctl.analysis.gpuhealth import gpu_health, health_findings
 from dflashctl.analysis.gpus import GpuParseError, csv_number, csv_rows, from_probe, na
 from dflashctl.analysis.gpuwindow import GpuSweep, Thresholds, judge_gpus
+from dflashctl.analysis.smiq import _sections as q_sections  # the -q tree reader, shared (not a second copy)
 from dflashctl.model import GpuFinding, GpuProcess, GpuReport, GpuSample, MiB
 from dflashctl.report import parse_gpus
 
@@ -35,6 +36,25 @@ class GpuApp:
     process_name: str | None
     used_memory_mib: MiB | None
     gpu_uuid: str | None
+    kind: str | None = None  # -q's Type: C (compute), G (graphics), C+G; the CSV query lists compute apps only
+
+
+def apps_from_q(text: str) -> list[GpuApp]:
+    """The `Processes` section of each GPU in `nvidia-smi -q` text (`Processes : None` when there are none):
+    `Process ID` with its `Type`, `Name` and `Used GPU Memory` under it, the GPU by its `GPU UUID`."""
+    out: list[GpuApp] = []
+    for _, gpu in q_sections(text):
+        uuid_node = gpu.get("gpu uuid")
+        uuid = na(uuid_node.value) if uuid_node is not None else None
+        procs = gpu.get("processes")
+        for node in procs.children if procs is not None else ():
+            pid = csv_number(node.value) if node.key == "process id" else None
+            if pid is None:
+                continue
+            fields = {c.key: c.value for c in node.children}
+            out.append(GpuApp(int(pid), na(fields.get("name")),
+                              csv_number(fields.get("used gpu memory"), to_mib=True), uuid, na(fields.get("type"))))
+    return out
 
 
 def parse_apps(text: str) -> list[GpuApp]:
@@ -42,7 +62,7 @@ def parse_apps(text: str) -> list[GpuApp]:
     one column). A process name holding commas is what is left between the pid on the left and the columns after
     it on the right (nvidia-smi does not quote). `[Not Found]`, `[N/A]` are None."""
     out: list[GpuApp] = []
-    for line, cells, cols, _ in csv_rows(text, None, {"used_gpu_memory": "used_memory", "name": "process_name"}):
+    for line, cells, cols, _ in csv_rows(text, None, {"used_gpu_memory": "used_memory"}):
         if cols is None or "pid" not in cols:
             raise GpuParseError(f"compute-apps row without a header naming its columns: {line[:100]!r}")
         if len(cells) > len(cols) and "process_name" in cols:
