@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from trainer import checkpoint
+from trainer import checkpoint, graph_probe
 from trainer.allreduce import Aborted, AllReduce
 from trainer.compile import (
     CompileCounter,
@@ -106,8 +106,15 @@ class Trainer:
                      for r in self.replicas]
         self.weights = {d: position_weights(cfg.drafter.block_size, cfg.gamma, d) for d in set(self.devices)}
         per_dev = threads_per_device(self.devices)
+        self.notes: list[str] = []
+        if rt.cuda_graphs and rt.compile_strategy != "off":  # honoured only where the probe shows it is safe
+            found = graph_probe.probe(self.devices[0])
+            self.notes.append(found.line(self.devices[0]))
+            if not found.safe:
+                rt.cuda_graphs = False
+                self.notes.append(f"cuda_graphs: off: the start-up probe says {found.verdict} ({found.detail})")
         self.step_fns = {d: build_step_fn(rt, d, n, tr.loss_chunk) for d, n in per_dev.items()}
-        self.notes = [f"cuda_graphs: off on {d}: {n} drafter threads share it (one autograd thread would replay "
+        self.notes += [f"cuda_graphs: off on {d}: {n} drafter threads share it (one autograd thread would replay "
                       "one backward graph for all of them; see trainer/compile.py compile_mode)"
                       for d, n in sorted(per_dev.items())
                       if rt.cuda_graphs and rt.compile_strategy != "off" and d.startswith("cuda")
