@@ -21,7 +21,7 @@ from dflashctl.analysis.gpuhealth import gpu_health, health_findings
 from dflashctl.analysis.gpus import GpuParseError, csv_number, csv_rows, from_probe, na
 from dflashctl.analysis.gpuwindow import GpuSweep, Thresholds, judge_gpus
 from dflashctl.analysis.smiq import _sections as q_sections  # the -q tree reader, shared (not a second copy)
-from dflashctl.model import GpuFinding, GpuProcess, GpuReport, GpuSample, MiB
+from dflashctl.model import GpuFinding, GpuProcess, GpuReport, GpuSample, HostGpuProc, HostGpuReport, MiB
 from dflashctl.report import parse_gpus
 
 CURRENT, EARLIER, OTHER, NONE, GONE = "current", "earlier", "other", "none", "gone"
@@ -301,3 +301,35 @@ def share(view: HostView, indices: Iterable[int] | None = None) -> dict[int, tup
 def gpu_report_of(doc: Mapping[str, Any]) -> GpuReport:
     """The GPU piece of one host probe reply, typed."""
     return parse_gpus(doc.get("gpus") or {})
+
+
+def host_gpu_report(view: HostView, error: str | None = None) -> HostGpuReport:
+    """The view as kill-zombies' classifier reads the host's GPU processes (analysis/zombies.py): this host's
+    container's processes by the pid they have in there, every other one marked not in it."""
+    procs = tuple(HostGpuProc(p.pid, p.ns_pid if p.container == view.container else None, p.used_memory_mib,
+                              p.gpu_uuid, p.container == view.container)
+                  for p in view.procs if p.role != GONE)
+    return HostGpuReport(None, procs, error)
+
+
+def _mib(p: HostProc) -> str:
+    return f"{p.used_memory_mib:.0f} MiB" if p.used_memory_mib is not None else "memory unknown"
+
+
+def named_elsewhere(view: HostView) -> list[str]:
+    """One line per GPU process kill-zombies must name and never touch: another container's or the host's (with its
+    pid in there and its run), and where our own container's marked holders sit on the host (their host pid)."""
+    out = []
+    for p in view.procs:
+        gpu = f"GPU {p.gpu}" if p.gpu is not None else "a GPU"
+        run = f"run {p.run_id}" if p.run_id else "no run of ours"
+        if p.role == GONE:
+            continue
+        if p.container == view.container:
+            if p.run_id and view.container is not None:
+                out.append(f"{gpu}: container {p.container} pid {p.ns_pid} (host pid {p.pid}) holds {_mib(p)}, {run}")
+            continue
+        who = f"container {p.container} pid {p.ns_pid} (host pid {p.pid})" if p.container else \
+            f"host pid {p.pid} on the Proxmox host"
+        out.append(f"{gpu}: {who} holds {_mib(p)}, {run}: not touched; {p.remedy}")
+    return out

@@ -46,7 +46,8 @@ def _host_argv(target: Target, *extra: str) -> tuple[list[str], bool]:
     return [target.host.python, "-", *extra], False
 
 
-def _run_host_probe(target: Target, timeout: float | None) -> dict[str, Any]:
+def host_reading(target: Target, timeout: float | None = 60) -> dict[str, Any]:
+    """One host probe reply (DflashError when it printed none)."""
     argv, on_host = _host_argv(target)
     run = target.run_host if on_host else target.run
     res = run(argv, stdin=host_probe_source().encode(), timeout=timeout)
@@ -77,7 +78,7 @@ def read(target: Target, timeout: float | None = 60) -> Reading:
     side = threading.Thread(target=lambda: found.append(container_runs(target, timeout)), name="gpus-runs",
                             daemon=True)
     side.start()
-    doc = _run_host_probe(target, timeout)
+    doc = host_reading(target, timeout)
     side.join(timeout)
     runs, note = found[0] if found else (None, "runs unknown: the container did not answer in time")
     return Reading(doc, runs, note)
