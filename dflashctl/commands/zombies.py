@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflashctl.analysis.zombies import KILL, ZombieRow, ZombieScan, classify
+from dflashctl.commands import gpuzombies
 from dflashctl.remote import probe, scripts
 from dflashctl.remote.target import Target
 
 
 def scan(target: Target, named_pids: tuple[int, ...] = ()) -> ZombieScan:
     """One probe (processes, latest run) plus, on a container host, the host's GPU process list."""
-    host_gpu = probe.probe_host_gpu_procs(target)
+    host_gpu, elsewhere = gpuzombies.host_gpu(target)  # the one host mapping of `gpus` (issue 29)
     on_gpu = tuple(p.ns_pid for p in host_gpu.procs if p.in_container and p.ns_pid is not None)
     doc = probe.probe_once(target, target.host.workspace, "latest", procs=True, gpus=False, log_max=0,
                            pids=tuple(named_pids) + on_gpu, require_run=False)
@@ -23,7 +24,9 @@ def scan(target: Target, named_pids: tuple[int, ...] = ()) -> ZombieScan:
     current = run.id if run and run.alive else None
     adopted = (run.meta or {}).get("adopted") if run and current else None
     protected = (int(adopted["pid"]),) if isinstance(adopted, dict) and adopted.get("pid") else ()
-    return classify(list(doc.procs), current, host_gpu, named_pids, set(doc.run_ids), protected=protected)
+    found = classify(list(doc.procs), current, host_gpu, named_pids, set(doc.run_ids), protected=protected)
+    found.notes += elsewhere  # other containers' and the host's GPU processes: named, never touched
+    return found
 
 
 @dataclass
