@@ -27,8 +27,8 @@ class Rule:
     lines: regexes searched in every log line (ANSI stripped). exc_types: exception types (the last
     dotted component is compared, so `torch.OutOfMemoryError` and `torch.cuda.OutOfMemoryError` both
     match `OutOfMemoryError`). frames: substrings of a traceback's `File "…"` paths, used only for
-    tracebacks of crashed worker threads. sticky: still worth reporting after training made progress
-    past it (a warning that costs speed, not a crash).
+    tracebacks of crashed worker threads (and of DataParallel replicas, which are threads too). sticky: still
+    worth reporting after training made progress past it (a warning that costs speed, not a crash).
 
     Every line pattern must contain one of ANCHORS literally: the scanner looks only at lines holding an
     anchor (or inside a traceback), which is what lets it read gigabytes at near-grep speed. Anchors start
@@ -44,7 +44,15 @@ class Rule:
     progress_loss: bool = False  # also: a progress line whose loss or grad norm is NaN/inf (found by the scanner)
     progress_zero: bool = False  # also: consecutive progress lines whose loss is exactly 0.0 (found by the scanner)
     death: str | None = None  # also: a worker the launcher reports dead this way ("kill": signal 9, "segv": 11)
+    exc_frames: tuple[str, ...] = ()  # exc_types count only for a traceback through one of these paths (any thread)
+    supersedes: tuple[str, ...] = ()  # ids this one explains better: dropped from a report that holds this one
     examples: tuple[str, ...] = field(default=(), compare=False)  # real lines it must match (tested)
+
+
+# a file path inside a compile cache: inductor's (`/tmp/torchinductor_root/…`, a TORCHINDUCTOR_CACHE_DIR named
+# `…inductor…`) or Triton's (`~/.triton/cache/…`)
+_CACHE_PATH = r"(?:/[^\s'\":]*(?:torchinductor_|inductor|/\.triton/cache/|triton/cache/)[^\s'\":]*)"
+CACHE_PATH_RE = re.compile(_CACHE_PATH + r"\.(?:so|o|py|cubin|ptx|json|pkl|bin|hsaco)\b")
 
 
 def _sig(id_: str, summary: str, remedy: str) -> Signature:
@@ -66,11 +74,15 @@ RULES: tuple[Rule, ...] = (
         lines=(
             r"Detected that you are using FX to symbolically trace a dynamo-optimized function",
             r"_is_fx_tracing_flag",
+            # a dynamo/inductor failure inside a DataParallel replica (replicas run in threads)
+            r"Caught (?:TorchRuntimeError|InternalTorchDynamoError|BackendCompilerFailed|InductorError|Unsupported|"
+            r"TorchDynamoException|ObservedException|UncapturedHigherOrderOpError) in replica \d+ on device \d+",
         ),
         frames=("torch/_dynamo/", "torch/_inductor/", "torch/fx/"),
         examples=(
             "RuntimeError: Detected that you are using FX to symbolically trace a dynamo-optimized function. "
             "This is not supported at the moment.",
+            "torch._dynamo.exc.TorchRuntimeError: Caught TorchRuntimeError in replica 0 on device 0.",
         ),
     ),
     Rule(
@@ -83,10 +95,16 @@ RULES: tuple[Rule, ...] = (
         ),
         lines=(r"CUDA out of memory", r"CUDA error: out of memory", r"HIP out of memory", r"CUBLAS_STATUS_ALLOC_FAILED",
                r"THCudaCheck FAIL .{0,200}out of memory",
-               r"cudaErrorMemoryAllocation"),
+               r"cudaErrorMemoryAllocation",
+               # the message's tail without its head (a cut paste, a wrapped line): only the OOM message says these
+               r"Tried to allocate \d+(?:\.\d+)? [KMGT]i?B \(GPU \d+; \d+(?:\.\d+)? [KMGT]i?B total capacity",
+               r"Tried to allocate \d+(?:\.\d+)? [KMGT]i?B\. GPU \d+ has a total capaci?ty of",  # 2.1 wrote `capacty`
+               r"If reserved but unallocated memory is large try setting"),
         exc_types=("OutOfMemoryError",),
         examples=("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 5 has a total "
-                  "capacity of 79.11 GiB of which 1.06 GiB is free.",),
+                  "capacity of 79.11 GiB of which 1.06 GiB is free.",
+                  "Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; 14.21 GiB already allocated; "
+                  "4.75 MiB free; 14.54 GiB reserved in total by PyTorch)"),
     ),
     Rule(
         _sig(
@@ -99,7 +117,8 @@ RULES: tuple[Rule, ...] = (
                r"Out of memory: Kill process",
                r"Cannot allocate memory \(errno 12\)", r"\boom-kill:constraint=CONSTRAINT_",
                r"^[*_]{0,2}Killed[*_]{0,2}\s*$", r"(?:^|\s)\d+\s+Killed\s+\S",
-               r"(?i:signal) 9 \(SIGKILL\) received by PID"),
+               r"(?i:signal) 9 \(SIGKILL\) received by PID",
+               r"DataLoader (?:worker|process) \(pid\(?s?\)? ?[\d, ]*\)? ?(?:exited )?is killed by signal: Killed"),
         exc_types=("MemoryError",),
         death="kill",
         examples=("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
@@ -113,9 +132,17 @@ RULES: tuple[Rule, ...] = (
             "so hangs fail fast, and `NCCL_DEBUG=INFO` to see which collective hung.",
         ),
         lines=(r"Watchdog caught collective operation timeout", r"NCCL\b.{0,80}\b(?i:time[d ]?out)\b(?! set)",
-               r"ProcessGroupNCCL.{0,120}Timeout\(ms\)="),
+               r"ProcessGroupNCCL.{0,120}Timeout\(ms\)=",
+               r"Timed out waiting \d+ ?ms for (?:recv|send) operation to complete",  # gloo
+               r"Heartbeat monitor timed out", r"ProcessGroupNCCL's watchdog got stuck for \d+ seconds",
+               r"Some NCCL operations have failed or timed out",
+               r"failed to pass monitoredBarrier in \d+ ms",
+               r"DistBackendError: (?!.{0,300}(?:store|ncclUniqueId)).{0,300}?(?i:timed out|timeout)(?! set)"),
+        supersedes=("nccl-error",),  # a DistBackendError that says it timed out is the timeout, not an NCCL fault
         examples=("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, "
-                  "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600005 milliseconds before timing out.",),
+                  "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600005 milliseconds before timing out.",
+                  "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+                  "1800000ms for recv operation to complete"),
     ),
     Rule(
         _sig(
@@ -213,7 +240,15 @@ RULES: tuple[Rule, ...] = (
         ),
         lines=(r"CUDA error: operation not permitted when stream is capturing", r"cudaErrorStreamCapture\w+",
                r"CUDA [Gg]raph capture (?i:failed|error)", r"CUDA error: operation failed due to a previous error "
-               r"during capture"),
+               r"during capture", r"operation not permitted when stream is capturing",
+               r"CUDA error: operation would make the legacy stream depend on a capturing blocking stream",
+               r"(?:during|while) CUDA graph capture",
+               r"CUDA graphs? (?:capture|replay).{0,40}(?:not permitted|unsupported)",
+               r"Cannot (?:call|prepare for replay) \w+ (?:during|while) CUDA graph",
+               r"CUDAGraph::capture_(?:begin|end)",
+               r"cudaStreamCaptureStatus\w+", r"CUDA error: capturing stream has unjoined work",
+               r"CUDA error: operation not permitted on an event last recorded in a capturing stream",
+               r"Capture cuda graph failed"),
         examples=("RuntimeError: CUDA error: operation not permitted when stream is capturing",),
     ),
     Rule(
@@ -223,8 +258,10 @@ RULES: tuple[Rule, ...] = (
             "Check the Triton/torch versions match; clear the inductor cache (`rm -rf /tmp/torchinductor_$USER`); "
             "`TORCHINDUCTOR_MAX_AUTOTUNE=0`; as a stopgap compile that function with backend=\"aot_eager\".",
         ),
-        lines=(r"triton\.compiler\.errors\.\w*Error", r"\bPTXASError\b", r"OutOfResources: out of resource"),
-        exc_types=("CompilationError", "PTXASError", "OutOfResources"),
+        lines=(r"triton\.compiler\.errors\.\w*Error", r"\bPTXASError\b", r"OutOfResources: out of resource",
+               r"InductorError: (?:[\w.]+\.)?(?:CompilationError|PTXASError|OutOfResources|MLIRCompilationError)",
+               r"PassManager::run failed", r"triton\.runtime\.errors\.\w+Error"),
+        exc_types=("CompilationError", "PTXASError", "OutOfResources", "MLIRCompilationError"),
         examples=("triton.compiler.errors.CompilationError: at 12:4: error: unsupported type",),
     ),
     Rule(
@@ -234,8 +271,15 @@ RULES: tuple[Rule, ...] = (
             "Usually host memory (see host-oom) or a crash in the dataset code; run with `num_workers=0` to "
             "see the real traceback, raise the container's /dev/shm size.",
         ),
-        lines=(r"DataLoader worker \(pid\(?s?\)? ?[\d, ]*\)? (?:exited unexpectedly|is killed by signal)",),
-        examples=("RuntimeError: DataLoader worker (pid(s) 4121) exited unexpectedly",),
+        lines=(r"DataLoader (?:worker|process) \(pid\(?s?\)? ?[\d, ]*\)? ?(?:exited unexpectedly|(?:exited )?is killed "
+               r"by signal)",
+               r"DataLoader worker exited unexpectedly",
+               r"Caught \w+ in DataLoader worker process \d+",  # the worker's own exception, re-raised in the main
+               r"ERROR: Unexpected (?:bus error|segmentation fault|floating-point exception) encountered in worker"),
+        examples=("RuntimeError: DataLoader worker (pid(s) 4121) exited unexpectedly",
+                  "KeyError: Caught KeyError in DataLoader worker process 0.",
+                  "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared "
+                  "memory (shm)."),
     ),
     Rule(
         _sig(
@@ -246,7 +290,8 @@ RULES: tuple[Rule, ...] = (
         ),
         lines=(r"DistNetworkError", r"DistStoreError", r"Rendezvous\w*Error", r"EADDRINUSE", r"Address already in use",
                r"The server socket has failed to listen on any local network address",
-               r"The client socket has (?:timed out|failed to connect)", r"Timed out initializing process group"),
+               r"The client socket has (?:timed out|failed to connect)", r"Timed out initializing process group",
+               r"retrieving ncclUniqueId from \[\d+\] via c10d key-value store.{0,300}(?i:timed? ?out)"),
         exc_types=("DistNetworkError", "DistStoreError", "RendezvousTimeoutError", "RendezvousConnectionError",
                    "RendezvousClosedError"),
         examples=("torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
@@ -275,6 +320,56 @@ RULES: tuple[Rule, ...] = (
         progress_zero=True,
         examples=(),
     ),
+    Rule(
+        _sig(
+            "inductor-cache-corrupt",
+            "A compiled artefact in the inductor/Triton cache is truncated or corrupt (a run killed while "
+            "torch.compile wrote it): every later compile that loads it fails the same way.",
+            "Remove the artefact the evidence line names (only that file, inside the cache), or the whole cache "
+            "directory, and run again: `TORCHINDUCTOR_CACHE_DIR` if set, else `/tmp/torchinductor_$USER` (Triton's "
+            "in `~/.triton/cache`). Runs dflashctl launches keep their cache in the run's workspace, so one run's "
+            "half-written file cannot poison another's. This is not a missing package: do not reinstall anything.",
+        ),
+        lines=(
+            _CACHE_PATH + r"\.(?:so|o|cubin|ptx|hsaco)\b[^:\n]*: (?:file too short|invalid ELF header|"
+            r"ELF load command|unexpected end of file|file format not recognized|error reading|"
+            r"cannot read file data|ELF file's phentsize|undefined symbol: \w+)",
+            r"(?:Error|error)\b.{0,80}" + _CACHE_PATH + r"\.(?:so|o)\b.{0,40}(?:truncated|too short|file too short)",
+        ),
+        exc_types=("EOFError", "UnpicklingError", "SyntaxError", "JSONDecodeError", "BadZipFile"),
+        exc_frames=("torchinductor_", "torch/_inductor/codecache.py", "torch/_inductor/fx_graph", "/.triton/cache/",
+                    "triton/runtime/cache.py", "torch/_inductor/runtime/cache", "torch/_functorch/_aot_autograd/"
+                    "autograd_cache.py"),
+        supersedes=("import-error", "native-compile", "triton-compile"),
+        examples=("torch._inductor.exc.InductorError: ImportError: /tmp/torchinductor_root/x4/cx4vm7.so: file "
+                  "too short",
+                  "ImportError: /tmp/torchinductor_ci/2b/c2bwkmm3.so: invalid ELF header"),
+    ),
+    Rule(
+        _sig(
+            "native-compile",
+            "torch.compile could not build native code: the C/C++ compiler or the linker failed (inductor's C++ "
+            "kernels or wrapper, or Triton's launcher stub).",
+            "Read the compiler's own error lines above the exception. A missing compiler, header (`Python.h`) or "
+            "library (`-lcuda`) is the container's: `apt-get install build-essential python3-dev`, point `CXX`/`CC` "
+            "at a working compiler, make the driver's libcuda.so visible. An error inside the generated kernel "
+            "(`/tmp/torchinductor_…/….cpp`) is an inductor bug: compile that function with backend=\"aot_eager\" "
+            "or exclude it from torch.compile, and report it upstream with the command shown.",
+        ),
+        lines=(r"CppCompileError", r"collect2: error: ld returned \d+ exit status",
+               r"InvalidCxxCompiler", r"No working C compiler found",
+               r"Failed to find C compiler",
+               r"CalledProcessError: Command '\['[^']*?(?:gcc|g\+\+|c\+\+|clang(?:\+\+)?|\bcc)(?:-\d+)?', "
+               r"(?=.{0,2000}(?:torchinductor_|main\.c|\.cpp'|-shared))",
+               r"InductorError: (?:[\w.]+\.)?(?:CalledProcessError|CppCompileError|InvalidCxxCompiler)",
+               r"fatal error: Python.h: No such file or directory", r"error: ld returned \d+ exit status"),
+        exc_types=("CppCompileError", "InvalidCxxCompiler"),
+        examples=("torch._inductor.exc.InductorError: CppCompileError: C++ compile error",
+                  "collect2: error: ld returned 1 exit status",
+                  "subprocess.CalledProcessError: Command '['/usr/bin/gcc', '/tmp/tmpy1gk3r1e/main.c', '-O3', "
+                  "'-shared', '-fPIC', '-o', '/tmp/tmpy1gk3r1e/cuda_utils.cpython-310-x86_64-linux-gnu.so', '-lcuda']' "
+                  "returned non-zero exit status 1."),
+    ),
 )
 
 # Literal substrings; a line without any of them (and outside a traceback) cannot match a line pattern.
@@ -286,6 +381,10 @@ ANCHORS: tuple[str, ...] = (
     "SIGKILL", "Assertion", "Device-side assert", "Rendezvous", "EADDRINUSE",
     "The client socket", "Segfault", "HIP out of memory", "THCudaCheck", "Address already in use",
     "Unable to determine the device",
+    "Caught", "Tried to allocate", "If reserved", "Timed out waiting", "Heartbeat monitor", "Barrier", "UniqueId",
+    "StreamCapture", "Capture cuda graph", "when stream is capturing", "PassManager", "DataLoader",
+    "Unexpected ", "too short", "ELF", "CppCompile",
+    "collect2", "torchinductor_", "InvalidCxx", "C compiler", "Python.h", "ld returned",
 )
 
 BY_ID: dict[str, Rule] = {r.signature.id: r for r in RULES}
@@ -306,22 +405,37 @@ _BY_ANCHOR: dict[str, tuple[int, ...]] = {
 
 
 def match_line(text: str) -> list[Rule]:
-    """Every rule whose line pattern occurs in text (a log line with ANSI codes stripped), in table order."""
+    """Every rule whose line pattern occurs in text (a log line with ANSI codes stripped), in table order, less
+    those another match supersedes (a corrupt cache's `ImportError: …so: file too short` is not import-error)."""
     candidates = {i for a, idx in _BY_ANCHOR.items() if a in text for i in idx}
     found: list[Rule] = []
     for i in sorted(candidates):
         rule, _, pat = _PATTERNS[i]
         if rule not in found and pat.search(text):
             found.append(rule)
-    return found
+    return drop_superseded(found) if len(found) > 1 else found
 
 
-def match_exception(exc_type: str | None) -> list[Rule]:
-    """Rules that recognise a traceback by its final exception type (`torch.OutOfMemoryError`)."""
+def drop_superseded(rules: list[Rule]) -> list[Rule]:
+    """rules less the ones a rule among them supersedes (one piece of evidence, its better explanation)."""
+    gone = {i for r in rules for i in r.supersedes}
+    return [r for r in rules if r.signature.id not in gone] if gone else rules
+
+
+def match_exception(exc_type: str | None, frames: list[str] | None = None) -> list[Rule]:
+    """Rules that recognise a traceback by its final exception type (`torch.OutOfMemoryError`); a rule with
+    exc_frames only when the traceback went through one of those paths (an EOFError loading the compile cache)."""
     if not exc_type:
         return []
     short = exc_type.rsplit(".", 1)[-1]
-    return [r for r in RULES if short in r.exc_types]
+    return [r for r in RULES if short in r.exc_types
+            and (not r.exc_frames or any(f in p for p in frames or () for f in r.exc_frames))]
+
+
+def cache_artifact(text: str) -> str | None:
+    """The last compile-cache file a text (a traceback) names: the artefact to remove."""
+    found = CACHE_PATH_RE.findall(text)
+    return found[-1] if found else None
 
 
 def match_death(kind: str | None) -> list[Rule]:
@@ -358,7 +472,8 @@ def markdown() -> str:
         if r.lines:
             how.append("log lines matching " + ", ".join(f"`{p}`" for p in r.lines))
         if r.exc_types:
-            how.append("tracebacks ending in " + ", ".join(f"`{t}`" for t in r.exc_types))
+            how.append("tracebacks ending in " + ", ".join(f"`{t}`" for t in r.exc_types)
+                       + (" that pass through " + ", ".join(f"`{f}`" for f in r.exc_frames) if r.exc_frames else ""))
         if r.progress_loss:
             how.append("a progress line whose loss or grad norm is NaN or infinite")
         if r.progress_zero:
@@ -369,7 +484,9 @@ def markdown() -> str:
         if r.frames:
             how.append("a crashed worker thread whose traceback passes through "
                        + ", ".join(f"`{f}`" for f in r.frames))
-        out.append("Recognised by: " + "; ".join(how) + "." + (" *Sticky.*" if r.sticky else ""))
+        out.append("Recognised by: " + "; ".join(how) + "." + (" *Sticky.*" if r.sticky else "")
+                   + (" Reported instead of " + ", ".join(f"`{i}`" for i in r.supersedes)
+                      + " for the same evidence." if r.supersedes else ""))
         if r.examples:
             out += ["", "Example:", "", "```", *r.examples, "```"]
     out += gpuwindow.markdown()

@@ -26,6 +26,8 @@ END_RE = re.compile(r"^training (finished|aborted|stopped)\b")
 # Lines that end a traceback's message: they come from some other writer, never from a message's own
 # newlines. `[dflashctl] …` (the launcher's tag), `trainer: …` / `fatal: …` (a program's `name: text` line;
 # exception types are class names, which carry a capital), `Exception ignored in …`.
+_REPLICA_RE = re.compile(r"Caught \w+ in replica \d+ on device \d+")  # DataParallel: the replica ran in a thread
+_THREAD_FRAMES = ("/threading.py", "/concurrent/futures/thread.py")  # frames only a thread's stack holds
 _FOREIGN_RE = re.compile(r"^(?:\[[A-Za-z][\w.-]*\]\s|[a-z][a-z0-9_-]*: \S|Exception ignored (?:in|on)\b)")
 _CHAIN_RE = re.compile(
     r"^\s*(?:The above exception was the direct cause of the following exception:"
@@ -38,7 +40,8 @@ _CARET_RE = re.compile(r"^[\s^~]+$")
 # CamelCase type that ends like an exception, or one of the few exception types that do not (never a Warning).
 BARE_EXC_RE = re.compile(
     r"^((?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Interrupt|Failed|Fault)|OutOfResources|Unsupported"
-    r"|FailOnRecompileLimitHit|RecompileLimitExceeded|StopIteration|KeyboardInterrupt))"
+    r"|FailOnRecompileLimitHit|RecompileLimitExceeded|StopIteration|KeyboardInterrupt|InvalidCxxCompiler"
+    r"|(?<![\w.])Exception(?=: \S)))"
     r"(?::(?: (.*))?$|(?<=Error)$|(?<=Exception)$)"  # `…errors.CompilationError` alone: its message was cut off
 )
 # C++: `terminate called after throwing an instance of 'c10::DistBackendError'` (then `  what():  …`)
@@ -292,14 +295,25 @@ class TracebackAssembly(ThreadHeaders):
                     seen.add(rule.signature.id)
                     tb.hits.append(SignatureHit(rule.signature, n, t.strip()[:500]))
         exc_text = next((t for n, t in lines if n == exc_line), tb.exc_line)
-        for rule in signatures.match_exception(tb.exc_type):
+        for rule in signatures.match_exception(tb.exc_type, tb.frames):
             if rule.signature.id not in seen:
                 seen.add(rule.signature.id)
-                tb.hits.append(SignatureHit(rule.signature, exc_line, exc_text.strip()[:500]))
-        if not seen and threaded and tb.thread is not None and tb.exc_type is not None:
-            for rule in signatures.match_frames(tb.frames):  # a worker *thread* (ranks are processes)
+                text = exc_text.strip()[:500]
+                if rule.exc_frames and (path := signatures.cache_artifact(tb.text)) and path not in text:
+                    text = f"{text} (loading {path})"[:500]
+                tb.hits.append(SignatureHit(rule.signature, exc_line, text))
+        # a thread's traceback: under its `Exception in thread` header, or without one (lost, or a replica of
+        # DataParallel, or a pool's worker) when its frames show it ran in a thread
+        in_thread = ((threaded and tb.thread is not None) or _REPLICA_RE.search(tb.text) is not None
+                     or any(p.endswith(_THREAD_FRAMES) for p in tb.frames))
+        if not seen and in_thread and tb.exc_type is not None:
+            # a worker *thread* (ranks are processes), or a DataParallel replica (a thread of this process)
+            for rule in signatures.match_frames(tb.frames):
                 seen.add(rule.signature.id)
                 tb.hits.append(SignatureHit(rule.signature, exc_line, exc_text.strip()[:500]))
+        if len(seen) > 1:  # one traceback, one cause: drop what a better explanation in it supersedes
+            keep = {r.signature.id for r in signatures.drop_superseded([signatures.BY_ID[i] for i in seen])}
+            tb.hits[:] = [h for h in tb.hits if h.signature.id in keep]
         for hit in tb.hits:
             self._hit(hit)
         if tb.thread is not None and not tb.ignored:
