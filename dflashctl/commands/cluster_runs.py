@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflashctl.analysis.safe_names import MalformedReply, safe_name
 from dflashctl.commands import logs as logs_cmd
 from dflashctl.commands import stop as stop_cmd
 from dflashctl.commands import zombies as zombies_cmd
@@ -79,6 +80,10 @@ def _each_node(inv: Inventory, first: Host, member_list: list[tuple[str, int]], 
     """call(target) on every member's host at once: (host, node_rank, result, error) in node order."""
     def one(m: tuple[str, int]) -> tuple[str, int, Any, DflashError | None]:
         name, rank = m
+        try:  # the members come from a container's meta.json: a name, not a path or an escape sequence
+            safe_name(name, "cluster member host name", first.name)
+        except MalformedReply as e:
+            return repr(name)[:40], rank, None, e
         host = first if name == first.name else inv.hosts.get(name)
         if host is None:
             return name, rank, None, DflashError(f"host {name} is not in {inv.source}", exit_code=ExitCode.NOT_FOUND)
@@ -100,7 +105,7 @@ def cluster_status(inv: Inventory, first: StatusView, connect: Callable[[Host], 
     given (its meta.json names the others, a second round asks them)."""
     assert first.run is not None
     meta = first.run.meta
-    run_id = first.run.id
+    run_id = safe_name(first.run.id, "run id", first.host)
     others = [m for m in meta.members or [] if m[0] != first.host]
     rows = _rows(_each_node(inv, inv.hosts.get(first.host) or Host(first.host), others,
                             lambda t: status_once(t, run_id), connect))
@@ -125,7 +130,7 @@ def status_of(inv: Inventory, cluster: Cluster, run: str | None,
                           hint=f"ask it alone: dflashctl status {lead.run.id} --host {lead.host}")
     if sorted(lead.run.meta.members or []) != sorted(asked):
         return cluster_status(inv, lead, connect)
-    run_id = lead.run.id
+    run_id = safe_name(lead.run.id, "run id", lead.host)
     again = [(h, r) for h, r, v, e in got if e is None and v.run is not None and v.run.id != run_id]
     redo = {h: (h, r, v, e) for h, r, v, e in _each_node(inv, inv.get(cluster.hosts[0]), again,
                                                          lambda t: status_once(t, run_id), connect)}
@@ -206,6 +211,7 @@ def stop_all(inv: Inventory, first: Host, member_list: list[tuple[str, int]], ru
     """`stop RUN` of a run across hosts: every node at once. Each live node is marked stopped by the user before
     any node is signalled (a node whose workers end because a peer's did, before its own stop arrives, reads as
     stopped, not crashed). A node already ended is reported, not an error."""
+    safe_name(run_id, "run id", first.name)  # it names a directory on every node
     _each_node(inv, first, member_list, lambda t: _mark_stopped(t, run_id), connect)
     out = []
     for name, rank, res, e in _each_node(inv, first, member_list,
@@ -227,6 +233,7 @@ def _mark_stopped(t: Target, run_id: str) -> None:
 def tails(inv: Inventory, first: Host, member_list: list[tuple[str, int]], run_id: str, lines: int,
           connect: Callable[[Host], Target]) -> list[tuple[str, logs_cmd.LogTail | None, str | None]]:
     """`logs RUN` of a run across hosts: each node's tail, (host, tail, error) in node order."""
+    safe_name(run_id, "run id", first.name)
     return [(name, tail, None if e is None else e.message) for name, _r, tail, e in
             _each_node(inv, first, member_list, lambda t: logs_cmd.tail(t, run_id, lines), connect)]
 

@@ -7,12 +7,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflashctl.analysis import logscan
+from dflashctl.analysis.safe_names import safe_name
 from dflashctl.analysis.verdict import EndWatch
 from dflashctl.analysis.workers import WorkerFailure
 from dflashctl.commands._runs import RunInfo, host_progress, run_from_probe
 from dflashctl.commands.runs import get_run
+from dflashctl.errors import NotFound
 from dflashctl.remote import probe
 from dflashctl.remote.target import Target
+from dflashctl.report import ProbeReport
 
 TAIL_BYTES_PER_LINE = 512
 # The run's supervisor writes exit_code only after reaping the trainer's group (up to the launcher's
@@ -42,17 +45,30 @@ class Timeline:
         return {"run": self.run.id, "path": f"{self.run.dir}/events.jsonl", "events": self.events}
 
 
+def _get_run(target: Target, run: str | None, **kw: Any) -> tuple[RunInfo, ProbeReport]:
+    """get_run, the run id the container reports checked before it is shown or asked for again."""
+    info, doc = get_run(target, run, **kw)
+    safe_name(info.id, "run id", target.host.name)
+    return info, doc
+
+
+def gone(host: str, run_id: str) -> NotFound:
+    """A run whose directory disappeared while it was followed or watched (exit 102, as an unknown run)."""
+    return NotFound(f"run {run_id} is gone from {host}: its run directory was deleted",
+                    hint="list what is left with `dflashctl runs`")
+
+
 def events(target: Target, run: str | None) -> Timeline:
     """The run's sentinel's events (events.jsonl), read with sentinel/events.py."""
     from dflashctl.sentinel.events import read_events
 
-    info, doc = get_run(target, run, events=True)
+    info, doc = _get_run(target, run, events=True)
     return Timeline(info, [e.to_record() for e in read_events(doc.events_data or b"")])
 
 
 def tail(target: Target, run: str | None, lines: int = 50) -> LogTail:
     want = max(64 << 10, lines * TAIL_BYTES_PER_LINE)
-    info, doc = get_run(target, run, log_max=want)
+    info, doc = _get_run(target, run, log_max=want)
     log = doc.log
     text = doc.log_data.decode("utf-8", "replace")
     kept = text.splitlines()[-lines:] if lines > 0 else text.splitlines()
@@ -73,7 +89,7 @@ def follow(target: Target, run: str | None, *, from_start: bool = False, lines: 
     """The log as it grows, from one long-running probe; ends once the run has ended and its log
     is drained. Closing the iterator (Ctrl-C) stops only the probe, never the run."""
     if from_start:
-        info, _ = get_run(target, run)
+        info, _ = _get_run(target, run)
         offset = 0
     else:
         first = tail(target, run, lines)
@@ -84,7 +100,9 @@ def follow(target: Target, run: str | None, *, from_start: bool = False, lines: 
     end = EndWatch()  # a trainer gone without an exit code is lost only after the grace
     try:
         for doc in stream:
-            info = run_from_probe(doc.run) if doc.run else info
+            if doc.run is None:
+                raise gone(target.host.name, info.id)
+            info = run_from_probe(doc.run)
             yield FollowEvent(doc.log_data, info, bool(doc.log and doc.log.rotated))
             if not doc.log_drained or info.pid is None:  # the grace counts from a drained log
                 end.gone_since = None
@@ -126,7 +144,7 @@ class ErrorsView:
 def errors(target: Target, run: str | None) -> ErrorsView:
     """Whole tracebacks of crashed threads and ranks, launcher-reported rank failures and the final exception,
     never just the header line."""
-    info, doc = get_run(target, run, log_max=ERRORS_MAX_BYTES)
+    info, doc = _get_run(target, run, log_max=ERRORS_MAX_BYTES)
     report = logscan.scan(doc.log_data, host_progress(target.host))
     tbs = [tb for tb in report.tracebacks if not tb.ignored]
     order = report.crashed_workers()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dflashctl.analysis.safe_names import safe_name
 from dflashctl.analysis.stacks import ProcessStacks, processes_from_capture
 from dflashctl.commands.runs import get_run
 from dflashctl.errors import DflashError, ExitCode
@@ -54,6 +55,7 @@ class StacksResult:
 def stacks(target: Target, run: str | None, *, include_all: bool = False, save: bool = True) -> StacksResult:
     """Dump the run's stacks; NotFound (102) for an unknown run, NoStacks (2) when no process could be dumped."""
     info, _ = get_run(target, run)
+    safe_name(info.id, "run id", target.host.name)  # it names the capture's folder and is shown
     spec = {"run_dir": info.dir, "run_id": info.id, "reason": "dflashctl stacks", "all": include_all, "save": save}
     doc = scripts.call(target, "stacks", "main", spec, timeout=CALL_TIMEOUT_S)
     res = StacksResult(info.id, target.host.name, info.dir, doc.get("py_spy"), doc.get("py_spy_version"),
