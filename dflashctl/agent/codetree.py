@@ -30,6 +30,7 @@ import tarfile
 import time
 
 from dflashctl.agent.lib.frame import reply
+from dflashctl.agent.lib.interrupts import raising_on_signals, remove_dead_leftovers
 from dflashctl.agent.lib.rundir import HASH_FILE
 
 IGNORE_FILES = (".gitignore", ".dflashignore")  # read in this order per directory: .dflashignore's rules win
@@ -42,6 +43,9 @@ ALWAYS_SUFFIXES = (".pyc", ".pyo")
 DEFAULT_IGNORE = ("node_modules/", "build/", "dist/", "*.egg-info", ".cache/", "wandb/", "mlruns/",
                   "lightning_logs/", "checkpoints/", "*.swp", "*~", ".DS_Store")
 KEEP_VERSIONS = 3
+# install()'s unpacking folder in <workspace>/.code: .tmp-PID-T. Pruning skips dot-folders; a SIGKILLed install's is
+# removed by the next install once its PID is gone.
+TMP_PART = re.compile(r"\.tmp-(?P<pid>[0-9]{1,10})-[0-9]+")
 
 Rule = tuple[bool, bool, "re.Pattern[str]"]  # (negated, directories only, regex over the path below the rule's dir)
 
@@ -235,10 +239,17 @@ def state(spec: dict) -> int:
 
 
 def install(spec: dict) -> int:
-    """Remote: unpack the tar on stdin into a fresh version dir, verify its hash, swap `code`."""
+    """Remote: unpack the tar on stdin into a fresh version dir, verify its hash, swap `code`. A signal it can catch
+    (the ssh session gone: SIGHUP; SIGTERM; SIGINT) removes the unpacking folder like any other failure."""
+    with raising_on_signals():
+        return _install(spec)
+
+
+def _install(spec: dict) -> int:
     ws = spec["workspace"]
     versions = os.path.join(ws, ".code")
     os.makedirs(versions, exist_ok=True)
+    remove_dead_leftovers(versions, TMP_PART)
     tmp = os.path.join(versions, f".tmp-{os.getpid()}-{int(time.time())}")
     os.mkdir(tmp)
     set_aside = None

@@ -11,9 +11,10 @@ Size limits (per file, in all) refuse a tree before anything is read or sent.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,13 +135,21 @@ def _size(n: int) -> str:
     return f"{n / MiB / 1024:.1f} GiB" if n >= 1024 * MiB else f"{n / MiB:.1f} MiB"
 
 
-def files_of(src: Source, limits: Limits) -> list[tuple[str, str, int]]:
-    """The files that ship from src (codetree.scan), refused in one line when over a size limit."""
+@contextlib.contextmanager
+def _reading(src: Source) -> Iterator[None]:
+    """A file of the tree that cannot be read (not ours, a dangling mount, …) is one line naming it, not a
+    traceback, whether it fails while the tree is listed, hashed or packed."""
     try:
-        entries = codetree.scan(str(src.path), src.prefix)
+        yield
     except OSError as e:
         raise ConfigError(f"cannot read {e.filename or src.path}: {e.strerror or e}",
                           hint="fix its permissions, or exclude it in .dflashignore") from None
+
+
+def files_of(src: Source, limits: Limits) -> list[tuple[str, str, int]]:
+    """The files that ship from src (codetree.scan), refused in one line when over a size limit."""
+    with _reading(src):
+        entries = codetree.scan(str(src.path), src.prefix)
     if not entries:
         raise ConfigError(f"nothing to deploy in {src.path}: no file ships from it",
                           hint="see docs/usage.md for what is left out (caches, virtualenvs, ignored files)")
@@ -178,7 +187,9 @@ def check(target: Target, source: Path | None = None, *, limits: Limits | None =
     src = resolve_source(target.host, source)
     entries = files_of(src, limits or Limits.of(target.host))
     remote = scripts.call(target, "codetree", "state", {"workspace": target.host.workspace}, timeout=120)
-    return CodeState(codetree.digest(entries), remote.get("actual"), remote.get("recorded"), remote.get("path"),
+    with _reading(src):
+        local_hash = codetree.digest(entries)
+    return CodeState(local_hash, remote.get("actual"), remote.get("recorded"), remote.get("path"),
                      src, len(entries), sum(e[2] for e in entries))
 
 
@@ -191,7 +202,8 @@ def deploy(target: Target, source: Path | None = None, *, force: bool = False,
         return DeployResult(False, state.local_hash, state.files, 0, state.remote_path, time.monotonic() - t0,
                             state.recorded_hash, src)
     entries = files_of(src, limits or Limits.of(target.host))
-    data = codetree.pack(str(src.path), src.prefix, entries)
+    with _reading(src):
+        data = codetree.pack(str(src.path), src.prefix, entries)
     res = scripts.call(target, "codetree", "install", {"workspace": target.host.workspace, "hash": state.local_hash},
                        data=data, timeout=300)
     if "error" in res:
