@@ -31,13 +31,22 @@ sshd-deps:
 	  else echo "openssh-server missing and not root: sshd tests will skip"; fi; \
 	fi
 	@if [ "$$(id -u)" = 0 ]; then mkdir -p /run/sshd; fi
+	@# The end-to-end tests' containers are real LXC system containers (tests/harness/bin/pct): as root, lxc is
+	@# installed like openssh-server; without root the namespace stand-in (bin/pct-ns) runs and the summary says so.
+	@if ! command -v lxc-start >/dev/null || [ ! -x /usr/sbin/init.lxc ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing lxc (the end-to-end tests' containers)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends lxc) >/dev/null; \
+	  else echo "lxc missing and not root: the end-to-end tests use the namespace stand-in"; fi; \
+	fi
 
 test: $(STAMP) sshd-deps
 	$(VENV)/bin/ruff check dflashctl trainer tests benchmarks
 	@# As root the sshd tests must run: a missing sshd is then a failure, not a skip. The Hugging Face
 	@# suite must run too (its stack was installed above), and py-spy's tests (its wheel from pip's local sources,
 	@# unpacked into a temp dir, never into the venv). Tests are independent: $(TEST_WORKERS) processes.
-	if [ "$$(id -u)" = 0 ]; then export DFLASHCTL_REQUIRE_SSHD=1; fi; export DFLASHCTL_REQUIRE_HF=1; \
+	@# As root LXC must work too: a missing or failing LXC fails the tests (DFLASHCTL_REQUIRE_LXC).
+	if [ "$$(id -u)" = 0 ]; then export DFLASHCTL_REQUIRE_SSHD=1 DFLASHCTL_REQUIRE_LXC=1; fi; export DFLASHCTL_REQUIRE_HF=1; \
 	  export DFLASHCTL_REQUIRE_PYSPY=1; \
 	  $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS)
 

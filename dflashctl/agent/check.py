@@ -1,12 +1,18 @@
-"""`hosts check`, the container side: the python, nvidia-smi, whether the workspace is writable, free disk, py-spy.
+"""`hosts check`, the container side: the python, nvidia-smi, whether the workspace is writable, free disk, py-spy
+(and whether it can attach: ptrace may be denied in a container), the /dev/nvidia* nodes (numbers, and whether the
+device cgroup lets them open) and the user-space driver version (to hold against the host's kernel module).
 
 One report (lib/frame.py) judged on the laptop by dflashctl/commands/hosts.py. Runs under any Python 3 (no
 f-strings, no annotations): its job is to report an interpreter too old for the rest, not to fail on one.
 Argument: the workspace.
 """
 
+import errno
+import glob
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -42,6 +48,81 @@ def persistence(smi):
     return out
 
 
+def nvidia_nodes():
+    """The /dev/nvidia* nodes: path, char or not, major:minor, and why opening it fails (None: it opens). In a
+    container a node the device cgroup does not allow exists but fails with EPERM."""
+    out = []
+    for path in sorted(glob.glob("/dev/nvidia*") + glob.glob("/dev/nvidia-caps/*")):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        node = {"path": path, "char": stat.S_ISCHR(st.st_mode), "major": os.major(st.st_rdev),
+                "minor": os.minor(st.st_rdev), "open_error": None}
+        try:
+            os.close(os.open(path, os.O_RDWR | getattr(os, "O_NONBLOCK", 0)))
+        except OSError as e:
+            node["open_error"] = (errno.errorcode.get(e.errno, str(e.errno)), e.strerror)
+        out.append(node)
+    return out
+
+
+VERSION_LINE = re.compile(r"^(NVIDIA-SMI|NVML|DRIVER) version\s*:\s*(\S+)", re.M)
+NVML_LIBRARY = re.compile(r"NVML library version:\s*(\S+)")
+
+
+def driver_user():
+    """The container's user-space driver: `nvidia-smi --version` (NVIDIA-SMI / NVML / DRIVER lines), or on a
+    mismatch with the kernel module its "NVML library version: X" line; and the libnvidia-ml.so.<version> files."""
+    libs = sorted({os.path.basename(p)[len("libnvidia-ml.so."):] for d in LIB_DIRS
+                   for p in glob.glob(os.path.join(d, "libnvidia-ml.so.*.*"))})
+    doc = {"smi": None, "nvml": None, "driver": None, "mismatch": False, "message": None, "libs": libs}
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return doc
+    try:
+        p = subprocess.run([smi, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        doc["message"] = str(e)
+        return doc
+    text = p.stdout + p.stderr
+    for key, value in VERSION_LINE.findall(text):
+        doc[{"NVIDIA-SMI": "smi", "NVML": "nvml", "DRIVER": "driver"}[key]] = value
+    m = NVML_LIBRARY.search(text)
+    if m:
+        doc["nvml"] = m.group(1)
+    doc["mismatch"] = "version mismatch" in text
+    if p.returncode != 0:
+        doc["message"] = (text.strip().splitlines() or ["exit " + str(p.returncode)])[0]
+    return doc
+
+
+LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
+
+
+def py_spy_attach(exe):
+    """Can py-spy read a live Python process here? A child interpreter that waits, `py-spy dump` of it: a
+    container whose seccomp / AppArmor / capabilities deny ptrace shows up here, not in `py-spy --version`."""
+    child = None
+    try:
+        child = subprocess.Popen([sys.executable, "-c", "import sys; print(1, flush=True); sys.stdin.read()"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        child.stdout.readline()  # it runs Python code now
+        p = subprocess.run([exe, "dump", "--pid", str(child.pid)], capture_output=True, text=True, timeout=30)
+        if p.returncode == 0:
+            return {"ok": True, "error": None}
+        lines = [ln.strip() for ln in (p.stderr + p.stdout).strip().splitlines() if ln.strip()]
+        return {"ok": False, "error": "; ".join(lines[-3:]) or "exit " + str(p.returncode)}
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"ok": False, "error": str(e)}
+    finally:
+        if child is not None:
+            child.kill()
+            child.wait()
+
+
 def py_spy():
     """py-spy (what `dflashctl stacks` uses): on PATH or beside this interpreter, and its version."""
     exe = shutil.which("py-spy")
@@ -54,8 +135,11 @@ def py_spy():
         p = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError) as e:
         return {"path": exe, "version": None, "error": str(e)}
-    return {"path": exe, "version": p.stdout.strip() or None, "error": None if p.returncode == 0 else
-            (p.stderr.strip().splitlines() or ["exit " + str(p.returncode)])[-1]}
+    doc = {"path": exe, "version": p.stdout.strip() or None, "error": None if p.returncode == 0 else
+           (p.stderr.strip().splitlines() or ["exit " + str(p.returncode)])[-1]}
+    if doc["error"] is None:
+        doc["attach"] = py_spy_attach(exe)
+    return doc
 
 
 def workspace_writable(ws):
@@ -85,7 +169,7 @@ def main(argv):
     ws = argv[0]
     return reply({"python": ".".join(map(str, sys.version_info[:3])), "executable": sys.executable,
                   "nvidia_smi": nvidia_smi(), "workspace": workspace_writable(ws), "disk": disk(ws),
-                  "py_spy": py_spy()})
+                  "py_spy": py_spy(), "nvidia_nodes": nvidia_nodes(), "driver": driver_user()})
 
 
 if __name__ == "__main__":

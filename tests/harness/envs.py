@@ -22,11 +22,20 @@ from harness.sshd import BIN, HARNESS, SshdServer, destroy_container
 _ctids = itertools.count(200 + 1000 * (os.getpid() % 1000))
 NVIDIA_SMI = HARNESS / "gpu" / "nvidia-smi"  # not on PATH itself: set_gpus() links it into a PATH dir
 LXC_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # lxc-attach --clear-env's PATH
+NVIDIA_MAJORS = {"nvidia-frontend": 195, "nvidia-uvm": 509}  # nvidia-uvm's is given at module load (509-511 seen)
+NVIDIA_DRIVER = "580.173.02"  # the nvidia-smi stand-in's default (user-space) driver
 ENV_MODES = ("keep-env", "clear-env")  # `pct exec`'s two environment modes (--keep-env 1 | 0)
 
 
 def toml_str(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def nvidia_nodes(gpus: int, majors: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """The /dev nodes of `gpus` GPUs: nvidiaN (frontend major, minor N), nvidiactl (minor 255), nvidia-uvm (0)."""
+    front, uvm = majors["nvidia-frontend"], majors["nvidia-uvm"]
+    return {**{f"/dev/nvidia{i}": (front, i) for i in range(gpus)}, "/dev/nvidiactl": (front, 255),
+            "/dev/nvidia-uvm": (uvm, 0)}
 
 
 class GpuScript:
@@ -240,6 +249,44 @@ class PveEnv(_HostEnv):
         return self.pct("status", str(self.ctid)).stdout.decode().strip() == "status: running"
 
 
+    def restart_container(self) -> None:
+        """pct stop + pct start: what a change of the conf's mounts or device rules needs, as on Proxmox."""
+        self.stop_container()
+        self.start_container()
+
+    def add_conf_lines(self, *lines: str) -> None:
+        """Append Proxmox conf lines (`lxc.cgroup2.devices.allow: c 195:* rwm`, `lxc.seccomp.profile: …`); they
+        take effect at the next start (restart_container)."""
+        self.conf.write_text(self.conf.read_text() + "".join(f"{ln}\n" for ln in lines))
+
+    def mknod(self, nodes: dict[str, tuple[int, int]]) -> None:
+        """Character device nodes in the container's /dev (fake /dev/nvidia*: no driver behind them; a restart
+        loses them, as LXC's autodev /dev is created at each start)."""
+        script = "".join(f"mkdir -p $(dirname {path}) && mknod {path} c {ma} {mi} && "
+                         for path, (ma, mi) in nodes.items())
+        res = self.exec(["sh", "-c", script + "true"])
+        if res.returncode != 0:
+            raise RuntimeError(f"mknod in CT {self.ctid} failed: {res.stderr.decode()}")
+
+    def set_host_nvidia(self, majors: dict[str, int] | None, kernel_driver: str | None) -> None:
+        """The Proxmox host's NVIDIA driver as `hosts check` reads it there (SshdServer.set_host_nvidia); the
+        nvidia-smi stand-in in the container then reports a Driver/library version mismatch when the scenario's
+        user-space `driver` differs from `kernel_driver`."""
+        self.sshd.set_host_nvidia(majors, kernel_driver)
+        if self.gpus.scenario.exists():
+            self.gpus.extra(kernel_driver=kernel_driver)
+
+    def pass_nvidia_through(self, gpus: int = 1, driver: str = NVIDIA_DRIVER,
+                            majors: dict[str, int] | None = None) -> None:
+        """A container set up the way the Proxmox GPU guides do it: the host's driver loaded (its majors in
+        /proc/devices, its kernel module `driver`), `lxc.cgroup2.devices.allow: c MAJOR:* rwm` for each major in the
+        conf, the container restarted, then /dev/nvidia0…, nvidiactl and nvidia-uvm with the host's numbers."""
+        majors = dict(NVIDIA_MAJORS if majors is None else majors)
+        self.set_host_nvidia(majors, driver)
+        self.add_conf_lines(*(f"lxc.cgroup2.devices.allow: c {m}:* rwm" for m in sorted(set(majors.values()))))
+        self.restart_container()
+        self.mknod(nvidia_nodes(gpus, majors))
+
     def set_kernel_log(self, lines: Sequence[str]) -> None:
         """The Proxmox host's kernel log as `dmesg` prints it there (tests/harness/bin/dmesg reads $PCT_STATE/kmsg)."""
         (self.sshd.pct_state / "kmsg").write_text("".join(f"{ln}\n" for ln in lines))
@@ -253,6 +300,7 @@ class PveEnv(_HostEnv):
         self.conf.unlink(missing_ok=True)
         self.conf.with_suffix(".keep-env-default").unlink(missing_ok=True)
         (self.sshd.pct_state / "kmsg").unlink(missing_ok=True)
+        self.sshd.set_host_nvidia(None, None)
         self.gpus.set(None)
 
 

@@ -56,7 +56,38 @@ def why_lxc_cannot_run() -> str | None:
             return f"`{tool}` is not installed (apt-get install lxc)"
     if not os.access(INIT_LXC, os.X_OK):
         return f"{INIT_LXC} is missing (apt-get install lxc)"
-    return None
+    return _lxc_probe()
+
+
+def _lxc_probe() -> str | None:
+    """Start a minimal container, run `true` in it, destroy it: None, or why LXC fails here."""
+    lxcpath = LXC_ROOT / str(os.getpid())
+    root = lxcpath / "probe" / "rootfs"
+    try:
+        for d in ("usr", "etc", "proc", "sys", "dev", "tmp"):
+            (root / d).mkdir(parents=True, exist_ok=True)
+        for d in ("bin", "lib", "lib64", "sbin"):
+            if Path("/usr", d).exists() and not (root / d).is_symlink():
+                (root / d).symlink_to(f"usr/{d}")
+        (lxcpath / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        (lxcpath / "probe" / "config").write_text(
+            f"lxc.uts.name = probe\nlxc.rootfs.path = dir:{root}\nlxc.mount.entry = /usr usr none bind,ro 0 0\n"
+            "lxc.mount.auto = proc:mixed sys:ro\nlxc.net.0.type = empty\nlxc.apparmor.profile = unconfined\n"
+            f"lxc.init.cmd = {INIT_LXC} --name probe -- /usr/bin/sleep infinity\nlxc.tty.max = 0\nlxc.autodev = 1\n")
+        args = ["-P", str(lxcpath), "-n", "probe"]
+        for step in (["lxc-start", *args], ["lxc-wait", *args, "-s", "RUNNING", "-t", "30"],
+                     ["lxc-attach", *args, "--clear-env", "--", "/usr/bin/true"]):
+            res = subprocess.run(step, capture_output=True, text=True, timeout=60)
+            if res.returncode != 0:
+                why = res.stderr.strip() or f"exit {res.returncode}"
+                return f"`{step[0]}` failed: {why[:300]}"
+        return None
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"LXC probe failed: {e}"
+    finally:
+        destroy_container(lxcpath, "probe")
+        if {p.name for p in lxcpath.iterdir()} <= {"owner"}:  # no session of ours uses it (yet)
+            shutil.rmtree(lxcpath, ignore_errors=True)
 
 
 def reap_leftover_containers(root: Path = LXC_ROOT) -> list[str]:
@@ -140,6 +171,7 @@ class SshdServer:
         self.gpu_scenario = self.root / "gpus.json"
         self.log = self.root / "sshd.log"
         self.pct_bin = self.root / "pctbin"
+        self.host_root = self.root / "hostroot"  # $DFLASHCTL_HOST_ROOT: the Proxmox host's files hostcheck reads
 
     @property
     def session_path(self) -> str:
@@ -151,7 +183,7 @@ class SshdServer:
     def env(self) -> dict[str, str]:
         """Environment a local `pct`/`nvidia-smi` call needs to see what the ssh sessions see."""
         return {"PATH": self.session_path, "PCT_STATE": str(self.pct_state),
-                "DFLASH_FAKE_GPUS": str(self.gpu_scenario)}
+                "DFLASH_FAKE_GPUS": str(self.gpu_scenario), "DFLASHCTL_HOST_ROOT": str(self.host_root)}
 
     def start(self) -> SshdServer:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -159,6 +191,7 @@ class SshdServer:
         (self.pct_state / "run").mkdir(parents=True, exist_ok=True)
         self.gpu_bin.mkdir(exist_ok=True)
         self._set_up_pct()
+        self.set_host_nvidia(None, None)
         for key in (self.host_key, self.client_key):
             if not key.exists():
                 subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dflashctl-test",
@@ -215,6 +248,27 @@ class SshdServer:
             )
         self._wait_ready()
         return self
+
+    def set_host_nvidia(self, majors: dict[str, int] | None, kernel_driver: str | None) -> None:
+        """The Proxmox host's side of the NVIDIA driver, as agent/hostcheck.py reads it under $DFLASHCTL_HOST_ROOT:
+        /etc/pve/lxc (the pct confs), /proc/devices (this machine's, plus `MAJOR name` lines for `majors`, e.g.
+        {"nvidia-frontend": 195, "nvidia-uvm": 509}) and /proc/driver/nvidia/version (absent for None: no module)."""
+        pve = self.host_root / "etc" / "pve"
+        pve.mkdir(parents=True, exist_ok=True)
+        if not (pve / "lxc").is_symlink():
+            (pve / "lxc").symlink_to(self.pct_state / "lxc")
+        proc = self.host_root / "proc"
+        (proc / "driver" / "nvidia").mkdir(parents=True, exist_ok=True)
+        lines = Path("/proc/devices").read_text().splitlines()
+        extra = [f"{major:3d} {name}" for name, major in sorted((majors or {}).items(), key=lambda kv: kv[1])]
+        cut = lines.index("") if "" in lines else len(lines)  # the end of "Character devices:"
+        (proc / "devices").write_text("\n".join(lines[:cut] + extra + lines[cut:]) + "\n")
+        version = proc / "driver" / "nvidia" / "version"
+        if kernel_driver is None:
+            version.unlink(missing_ok=True)
+        else:  # the real file's two lines (an R550 capture's format)
+            version.write_text(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {kernel_driver}  "
+                               "Thu Feb 22 01:44:30 UTC 2024\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
 
     def _set_up_pct(self) -> None:
         """`pct` on the sessions' PATH: bin/pct (real LXC, this session's lxcpath) or bin/pct-ns."""
