@@ -35,7 +35,7 @@ import json, sys
 from dflashctl.commands.status import with_events
 from dflashctl.analysis.watcher import Watcher
 from dflashctl.analysis.logscan import LogScanner
-from dflashctl.commands._runs import host_progress, host_thresholds
+from dflashctl.commands.runlookup import host_progress, host_thresholds
 from dflashctl.config import load_inventory
 from dflashctl.report import parse_report
 from dflashctl.cli.common import print_json

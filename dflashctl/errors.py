@@ -1,6 +1,9 @@
 """Exit codes and the one exception type the CLI turns into a one-line error.
 
-The codes are a contract (DESIGN §5, SkyPilot's convention): scripts and CI branch on them.
+The codes are a contract (DESIGN §5, SkyPilot's convention): scripts and CI branch on them. Where a command fails
+decides the code, never the exception's default: a usage or config error is 2; a host that cannot be reached 102; a
+remote command past its timeout 101; a remote command that ran and failed (a write refused, a reply we cannot read,
+another version's reply) 106. Raise the subclass that says which (tests/test_errors.py checks every raise names one).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ class ExitCode(IntEnum):
     STOPPED = 103  # stopped by user
     STALLED = 104  # stalled run / idle-allocated GPUs
     DEGRADED = 105  # a worker thread crashed, process alive
+    REMOTE_FAILED = 106  # a command on the host or in the container ran and failed, or replied unreadably
 
 
 class DflashError(Exception):
@@ -60,3 +64,10 @@ class ContainerNotRunning(DflashError):
 
 class RemoteTimeout(DflashError):
     exit_code = ExitCode.NOT_FINISHED
+
+
+class RemoteFailed(DflashError):
+    """The host answered, but what we asked of it failed: a write refused, a program that gave no reply, a reply of
+    another version. Not the user's input (2), not an unreachable host (102)."""
+
+    exit_code = ExitCode.REMOTE_FAILED

@@ -14,18 +14,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflashctl.agent.probe.main import PROBE_VERSION
-from dflashctl.errors import DflashError
+from dflashctl.agent.lib.frame import PROBE_VERSION
+from dflashctl.agent.lib.runmeta import RunMeta
+from dflashctl.errors import RemoteFailed
 from dflashctl.model import GpuReport, HostGpuProc, HostGpuReport, ProcRecord
 
-__all__ = ["DiskReport", "LogChunk", "ProbeReport", "RunRecord", "check_version", "parse_gpus", "parse_host_gpu",
-           "parse_proc", "parse_report", "parse_run"]
+__all__ = ["DiskReport", "LogChunk", "ProbeReport", "RunMeta", "RunRecord", "check_version", "parse_gpus",
+           "parse_host_gpu", "parse_proc", "parse_report", "parse_run"]
 
 
 @dataclass(frozen=True)
 class RunRecord:
-    """One run directory's state (agent/lib/runstate.py run_state). meta, heartbeat and errors are the trainer's
-    and launcher's own files, kept as the JSON they are (None where the file is absent or not an object)."""
+    """One run directory's state (agent/lib/runstate.py run_state). meta is meta.json as its one typed record
+    (agent/lib/runmeta.py); heartbeat and errors are the trainer's own files, kept as the JSON they are (None where
+    the file is absent or not an object)."""
 
     id: str
     dir: str
@@ -33,7 +35,7 @@ class RunRecord:
     alive: bool
     exit_code: int | None
     stopped: bool
-    meta: dict[str, Any] | None = None
+    meta: RunMeta = field(default_factory=RunMeta)
     heartbeat: dict[str, Any] | None = None
     errors: dict[str, Any] = field(default_factory=dict)  # errors/<thread>.json by thread
     ending: bool = False  # alive, but the trainer is gone: its supervisor is reaping the group
@@ -45,11 +47,32 @@ class RunRecord:
     events_tail: bytes = b""  # with --runs: the end of its events.jsonl, for its last event
     restart: dict[str, Any] | None = None  # restart.json: the sentinel asked for another attempt (attempt, why)
 
-    def to_record(self) -> dict[str, Any]:
-        """The run as `status --json` prints it."""
-        return {"id": self.id, "dir": self.dir, "pid": self.pid, "alive": self.alive, "ending": self.ending,
-                "exit_code": self.exit_code, "stopped": self.stopped,
-                "stopped_by": self.stopped_by}
+    def __post_init__(self) -> None:
+        if not isinstance(self.meta, RunMeta):  # a meta.json doc (or None) given as it was read
+            object.__setattr__(self, "meta", RunMeta.from_record(self.meta))
+
+    @property
+    def log_path(self) -> str:
+        return f"{self.dir}/train.log"
+
+    def duration_s(self, now: float | None) -> float | None:
+        """How long it ran (runs) or has been running (alive), by the container's clock."""
+        start = self.meta.started_at_epoch
+        if start is None or now is None:
+            return None
+        end = now if self.alive or self.ended_at is None else self.ended_at
+        return max(0.0, end - start)
+
+    def to_record(self, *, verdict: str | None = None, now: float | None = None, last_step: int | None = None,
+                  last_event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """THE JSON shape of a run: `runs --json` (each run), `status --json` (`run`), `launch --json`. Every key is
+        always there; what the caller did not judge (verdict, last step, last event) is null."""
+        m = self.meta
+        return {"id": self.id, "name": m.name, "kind": m.kind, "dir": self.dir, "log_path": self.log_path,
+                "pid": self.pid, "alive": self.alive, "ending": self.ending, "exit_code": self.exit_code,
+                "stopped": self.stopped, "stopped_by": self.stopped_by, "verdict": verdict,
+                "started_at": m.started_at, "duration_s": self.duration_s(now), "last_step": last_step,
+                "attempt": m.attempt, "restart_of": m.restart_of, "chain": m.chain, "last_event": last_event}
 
 
 @dataclass(frozen=True)
@@ -142,14 +165,15 @@ def _b64(v: object) -> bytes:
 def check_version(doc: Mapping[str, Any]) -> None:
     """A report of another probe version is refused: its fields may mean something else."""
     if doc.get("probe_version") != PROBE_VERSION:
-        raise DflashError(f"probe version {doc.get('probe_version')!r} does not match this CLI ({PROBE_VERSION})",
+        raise RemoteFailed(f"probe version {doc.get('probe_version')!r} does not match this CLI ({PROBE_VERSION})",
                           hint="the probe is sent with every command; is an old dflashctl on PATH?")
 
 
 def parse_run(doc: Mapping[str, Any]) -> RunRecord:
     return RunRecord(
         id=str(doc["id"]), dir=str(doc["dir"]), pid=_int(doc.get("pid")), alive=bool(doc.get("alive")),
-        exit_code=_int(doc.get("exit_code")), stopped=bool(doc.get("stopped")), meta=_dict(doc.get("meta")),
+        exit_code=_int(doc.get("exit_code")), stopped=bool(doc.get("stopped")),
+        meta=RunMeta.from_record(doc.get("meta")),
         heartbeat=_dict(doc.get("heartbeat")), errors=_dict(doc.get("errors")) or {},
         ending=bool(doc.get("ending")), supervisor_pid=_int(doc.get("supervisor_pid")),
         ended_at=_float(doc.get("ended_at")), log_size=_int(doc.get("log_size")),
@@ -205,7 +229,7 @@ def parse_host_gpu(doc: Mapping[str, Any]) -> HostGpuReport:
 
 
 def parse_report(doc: Mapping[str, Any]) -> ProbeReport:
-    """The typed report of one probe reply's doc; DflashError for another probe version."""
+    """The typed report of one probe reply's doc; RemoteFailed (exit 106) for another probe version."""
     check_version(doc)
     run, log, gpus, disk, host = (_dict(doc.get(k)) or None for k in ("run", "log", "gpus", "disk", "host_gpu_procs"))
     return ProbeReport(

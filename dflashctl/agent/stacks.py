@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from dflashctl.agent.lib.frame import reply
-from dflashctl.agent.lib.fsutil import read_int, read_json, write_atomic
+from dflashctl.agent.lib.fsutil import read_int, write_atomic
 from dflashctl.agent.lib.procfs import marked_processes, proc_argv
 from dflashctl.agent.lib.pystacks import (
     STACKS_DIR,
@@ -33,6 +33,7 @@ from dflashctl.agent.lib.pystacks import (
     signal_dumps,
 )
 from dflashctl.agent.lib.rundir import now_iso
+from dflashctl.agent.lib.runmeta import read_meta
 
 DOC_VERSION = 1
 PY_SPY_PARALLEL = 8
@@ -52,7 +53,7 @@ def _role(pid: int, argv: list, program: int | None, supervisor: int | None) -> 
 def collect(run_dir: str, run_id: str, reason: str = "", *, include_all: bool = False) -> dict:
     """Every thread's stack of every process of the run, as a capture doc (the module's docstring)."""
     program, supervisor = read_int(os.path.join(run_dir, "pid")), read_int(os.path.join(run_dir, "supervisor.pid"))
-    kind = (read_json(os.path.join(run_dir, "meta.json")) or {}).get("kind") or "train"
+    kind = read_meta(run_dir).kind
     found = marked_processes(run_id, run_dir, exclude=(os.getpid(),))
     procs, skipped = [], []
     for pid in sorted(found, key=lambda p: (p != program, p)):

@@ -26,6 +26,7 @@ from dflashctl.analysis.gpuwindow import (
     stall_shape,
 )
 from dflashctl.analysis.logscan import LogReport, Traceback, scan
+from dflashctl.analysis.records import progress_record
 from dflashctl.analysis.verdict import ProcessState, recorded_end
 from dflashctl.analysis.xids import xid_events
 from dflashctl.model import (
@@ -86,6 +87,39 @@ class Health:
     @property
     def exit_code(self) -> int:
         return self.verdict.exit_code
+
+    def to_record(self) -> dict[str, Any]:
+        """The `diagnose --json` contract (issue 4); `status --json` adds run and host fields around it. The table
+        is drawn from the same Health, so the two cannot drift (every GPU column the table shows is here too)."""
+        health = {r.index: r.to_record() for r in self.gpu_health}
+        return {
+            "verdict": str(self.verdict),
+            "final_exception": self.final_exception,
+            "root_cause": self.root_cause,
+            "stall_shape": self.stall_shape,  # stalled: "idle-held" | "spinning" (docs/failures.md), else null
+            "stall_remedy": self.stall_remedy,
+            "progress": progress_record(self.progress),
+            "threads": [
+                {"name": t.name, "state": t.state, "exception": t.exception, "message": t.message,
+                 "traceback": t.traceback}
+                for t in self.threads
+            ],
+            "signatures": [
+                {"id": x.signature.id, "summary": x.signature.summary, "remedy": x.signature.remedy,
+                 "evidence": {"line": x.line, "text": x.text}}
+                for x in self.hits
+            ],
+            "gpus": [
+                {"index": int(g.sample.index), "memory_used_mib": g.sample.memory_used_mib,
+                 "memory_total_mib": g.sample.memory_total_mib, "utilization_pct": g.sample.utilization_pct,
+                 "power_w": g.sample.power_w, "finding": str(g.finding) if g.finding is not None else None,
+                 "health": health.get(int(g.sample.index)),
+                 "health_findings": [f.id for f in self.gpu_findings if f.gpu == int(g.sample.index)]}
+                for g in self.gpus
+            ],
+            "gpu_findings": [f.to_record() for f in self.gpu_findings],  # docs/failures.md "GPU health findings"
+            "gpu_action": None if self.gpu_action is None else str(self.gpu_action),
+        }
 
 
 # -- threads -------------------------------------------------------------------------------------------

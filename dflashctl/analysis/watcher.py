@@ -17,9 +17,8 @@ from dflashctl.analysis.gpus import from_probe
 from dflashctl.analysis.gpuwindow import SERIES, Span, reduce_interval
 from dflashctl.analysis.health import Evidence, GpuSweep, Health, Thresholds, judge
 from dflashctl.analysis.logscan import LogScanner
-from dflashctl.analysis.records import to_record
 from dflashctl.analysis.stepclock import StepClock
-from dflashctl.analysis.verdict import JOB_KINDS, EndWatch, ProcessState
+from dflashctl.analysis.verdict import EndWatch, ProcessState
 from dflashctl.model import GpuReport, Verdict
 from dflashctl.report import ProbeReport, RunRecord
 
@@ -58,7 +57,9 @@ class StatusView:
     def to_record(self) -> dict[str, Any]:
         rec = {
             "host": self.host,
-            "run": None if self.run is None else self.run.to_record(),
+            "run": None if self.run is None else self.run.to_record(
+                verdict=str(self.health.verdict), now=self.time, last_step=_step(self.health.progress),
+                last_event=self.events[-1] if self.events else None),
             "time": self.time,
             "uptime_s": self.uptime_s,
             "seconds_since_log": self.seconds_since_log,
@@ -75,25 +76,16 @@ class StatusView:
             "restart_pending": self.restart_pending,
             "stacks": self.stacks,
         }
-        rec.update(to_record(self.health))
+        rec.update(self.health.to_record())
         rec["gpus"] = [dict(g, history=h.history, series={k: [None if x is None else list(x) for x in xs]
                                                           for k, xs in h.series.items()})
                        for g, h in zip(rec["gpus"], self.health.gpus, strict=True)]
         return rec
 
 
-def _job(run: RunRecord) -> str | None:
-    """What a run that is not training does (meta.json `kind` eval / generate, its `job` line), else None."""
-    meta = run.meta or {}
-    if meta.get("kind", "train") not in JOB_KINDS:  # train, exec, adopted: a training program of some kind
-        return None
-    return str(meta.get("job") or f"a {meta.get('kind')} run")
-
-
-def _started_at(run: RunRecord) -> float | None:
-    meta = run.meta or {}
-    v = meta.get("started_at_epoch")
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+def _step(progress: dict[str, float]) -> int | None:
+    step = progress.get("step") if progress else None
+    return int(step) if step is not None else None
 
 
 def stopped_why(run: RunRecord) -> str | None:
@@ -201,7 +193,7 @@ class Watcher:
         if run:
             process = ProcessState(alive=run.alive, exit_code=run.exit_code, stopped=run.stopped,
                                    stopped_why=stopped_why(run),
-                                   started_at=_started_at(run), ending=run.ending, job=_job(run))
+                                   started_at=run.meta.started_at_epoch, ending=run.ending, job=run.meta.job_line)
         if doc.gpus is not None and doc.gpus.source is not None:
             self.gpu_report = doc.gpus
         if doc.xid is not None:

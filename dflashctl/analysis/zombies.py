@@ -33,7 +33,7 @@ class ZombieRow:
     holds_gpu: bool = False
     outcome: str | None = None  # after kill: terminated | killed | survived | changed | gone-before | defunct
 
-    def to_json(self) -> dict[str, Any]:
+    def to_record(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -47,8 +47,8 @@ class ZombieScan:
     def to_kill(self) -> list[ZombieRow]:
         return [r for r in self.rows if r.action == KILL]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"current_run": self.current_run, "zombies": [r.to_json() for r in self.rows], "notes": self.notes}
+    def to_record(self) -> dict[str, Any]:
+        return {"current_run": self.current_run, "zombies": [r.to_record() for r in self.rows], "notes": self.notes}
 
 
 def classify(procs: list[ProcRecord], current: str | None, host_gpu: HostGpuReport | None = None,

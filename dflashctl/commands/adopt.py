@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from dflashctl.commands._runs import runs_dir
 from dflashctl.commands.launch import LaunchRefused
 from dflashctl.commands.program import program_name, run_slug
 from dflashctl.errors import ConfigError, DflashError, ExitCode, NotFound
+from dflashctl.commands.runlookup import runs_dir
 from dflashctl.remote import probe, scripts
 from dflashctl.remote.target import Target
 
@@ -62,7 +62,7 @@ def adopt(target: Target, pid: int, log: str, name: str | None = None) -> AdoptR
         raise ConfigError(f"pid {pid} is part of run {proc.run_id}, which dflashctl launched; nothing to adopt",
                           hint=f"it is already a run: dflashctl status {proc.run_id}")
     run = doc.run
-    adopted = ((run.meta or {}).get("adopted") or {}) if run else {}
+    adopted = (run.meta.adopted_identity or {}) if run else {}
     if run and run.alive and adopted.get("pid") == pid and adopted.get("starttime") == starttime:
         raise ConfigError(f"pid {pid} is already adopted as run {run.id}",
                           hint=f"see it with dflashctl status {run.id}")

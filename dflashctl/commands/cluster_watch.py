@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from dflashctl.commands import status as status_cmd
-from dflashctl.commands.cluster_meta import members as of_meta
 from dflashctl.commands.cluster_runs import ClusterStatus, NodeRow, judge
 from dflashctl.config import Inventory
 from dflashctl.errors import DflashError, ExitCode
 from dflashctl.model import Host
 from dflashctl.remote.target import Target
+from dflashctl.report import RunMeta
 
 RETRY_S = 3.0  # a node that could not be watched at all is tried again this often
 
@@ -26,7 +26,7 @@ RETRY_S = 3.0  # a node that could not be watched at all is tried again this oft
 def watch_across(inv: Inventory, first: Host, cluster: dict[str, Any], run_id: str,
                  connect: Callable[[Host], Target], *, interval: float = 1.0) -> Iterator[ClusterStatus]:
     """A ClusterStatus each time any node reports (the caller stops by closing the iterator)."""
-    members = of_meta({"cluster": cluster}) or []
+    members = RunMeta(cluster=cluster).members or []
     reports: queue.SimpleQueue[NodeRow] = queue.SimpleQueue()
     stop = threading.Event()
 

@@ -28,7 +28,6 @@ from dflashctl.analysis.progress import is_training_step
 from dflashctl.analysis.verdict import EndWatch
 from dflashctl.commands import deploy as deploy_cmd
 from dflashctl.commands import zombies
-from dflashctl.commands._runs import RunInfo, run_from_probe, runs_dir
 from dflashctl.commands.program import (
     DEFAULT_CONFIG,
     NAME_MAX,
@@ -41,6 +40,7 @@ from dflashctl.commands.program import (
     read_config,
     run_slug,
 )
+from dflashctl.commands.runlookup import RunInfo, run_from_probe, runs_dir
 from dflashctl.commands.runs import get_run, list_runs
 from dflashctl.commands.sentinel import sentinel_spec
 from dflashctl.commands.waiting import LaunchFailed, LogKeeper, WaitFor, WaitResult, failure, log_excerpt, wait
@@ -151,7 +151,7 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
         "shell": opts.shell,
         "env": {"PYTHONUNBUFFERED": "1", **opts.env},
         "slug": slug,
-        "sentinel": watch.to_dict() if watch else None,
+        "sentinel": watch.to_record() if watch else None,
         "sentinel_zip_b64": base64.b64encode(bundle.sentinel_zip()).decode() if watch else None,
         "meta": {
             "name": name,
@@ -233,15 +233,13 @@ def ended_run(target: Target, run: str, purpose: str) -> EndedRun:
     if info.alive:
         raise LaunchRefused(f"run {info.id} is still running; {purpose} once it has ended",
                             hint=f"stop it first: dflashctl stop {info.id}")
-    meta = info.meta or {}
-    name = meta.get("name")
-    return EndedRun(info.id, info.dir, name if isinstance(name, str) and name else info.id,
-                    f"{info.dir}/config.toml", _trainer_args(meta.get("argv")))
+    return EndedRun(info.id, info.dir, info.meta.name or info.id, f"{info.dir}/config.toml",
+                    _trainer_args(info.meta.argv))
 
 
-def _trainer_args(argv: object) -> list[str]:
+def _trainer_args(argv: tuple[str, ...]) -> list[str]:
     """What followed `--run-dir DIR` in a run's argv (launch's extra arguments), without `--resume`."""
-    if not isinstance(argv, list) or "--run-dir" not in argv:
+    if "--run-dir" not in argv:
         return []
     rest = argv[argv.index("--run-dir") + 2:]
     return [str(a) for a in rest if a != "--resume"]

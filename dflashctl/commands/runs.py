@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dflashctl.commands._runs import RunInfo, host_progress, run_from_probe
+from dflashctl.commands.runlookup import RunInfo, host_progress, run_from_probe
 from dflashctl.remote import probe
 from dflashctl.remote.target import Target
 from dflashctl.report import ProbeReport
@@ -21,9 +21,10 @@ class RunList:
     now: float  # the container's clock, for durations
 
     def to_record(self) -> dict[str, Any]:
-        """`runs --json`: each run as RunInfo.to_json gives it, durations against the container's clock."""
+        """`runs --json`: each run in the one shape of a run (RunInfo.to_record), durations against the container's
+        clock."""
         return {"host": self.host, "workspace": self.workspace, "latest": self.latest,
-                "runs": [r.to_json(self.now) for r in self.runs]}
+                "runs": [r.to_record(now=self.now) for r in self.runs]}
 
 
 def list_runs(target: Target) -> RunList:

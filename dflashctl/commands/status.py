@@ -17,8 +17,8 @@ from dflashctl.analysis.health import Thresholds
 from dflashctl.analysis.logscan import LogScanner
 from dflashctl.analysis.stacks import processes_from_capture
 from dflashctl.analysis.watcher import StatusView, Watcher
-from dflashctl.commands._runs import host_progress, host_thresholds
 from dflashctl.commands.fanout import HOST_DEADLINE_S, fan_out
+from dflashctl.commands.runlookup import host_progress, host_thresholds
 from dflashctl.commands.waiting import next_attempt
 from dflashctl.errors import ConnectFailed, DflashError, ExitCode, NotFound, RemoteTimeout
 from dflashctl.model import Host

@@ -45,7 +45,7 @@ def stop(target: Target, run: str | None, *, grace_s: float = 30.0) -> StopResul
     while info.ending and time.monotonic() < deadline:  # already ending by itself: report how it ended
         time.sleep(0.25)
         info, before = get_run(target, info.id, gpus=True)
-    identity = (info.meta or {}).get("adopted") if info.kind == "adopted" else None
+    identity = info.meta.adopted_identity
     if not info.alive:
         if info.exit_code is None and identity is not None:
             state = "has ended (adopted: its exit code is unknown, it was not started by dflashctl)"

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from dflashctl.analysis.progress import is_training_step
 from dflashctl.analysis.verdict import EndWatch
-from dflashctl.commands._runs import RunInfo, run_from_probe
+from dflashctl.commands.runlookup import RunInfo, run_from_probe
 from dflashctl.errors import DflashError, ExitCode
 from dflashctl.remote import probe
 from dflashctl.remote.target import Target
@@ -153,7 +153,7 @@ def next_attempt(target: Target, run: RunRecord) -> str | None:
     deadline = time.monotonic() + NEXT_ATTEMPT_WAIT_S
     while time.monotonic() < deadline:
         doc = probe.probe_once(target, target.host.workspace, "latest", gpus=False, log_max=0, require_run=False)
-        if doc.run is not None and doc.run.id != run.id and (doc.run.meta or {}).get("restart_of") == run.id:
+        if doc.run is not None and doc.run.id != run.id and doc.run.meta.restart_of == run.id:
             return doc.run.id
         time.sleep(0.25)
     return None

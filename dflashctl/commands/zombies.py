@@ -22,8 +22,8 @@ def scan(target: Target, named_pids: tuple[int, ...] = ()) -> ZombieScan:
                            pids=tuple(named_pids) + on_gpu, require_run=False)
     run = doc.run
     current = run.id if run and run.alive else None
-    adopted = (run.meta or {}).get("adopted") if run and current else None
-    protected = (int(adopted["pid"]),) if isinstance(adopted, dict) and adopted.get("pid") else ()
+    adopted = run.meta.adopted_identity if run and current else None
+    protected = (int(adopted["pid"]),) if adopted and isinstance(adopted.get("pid"), int) else ()
     found = classify(list(doc.procs), current, host_gpu, named_pids, set(doc.run_ids), protected=protected)
     found.notes += elsewhere  # other containers' and the host's GPU processes: named, never touched
     return found
@@ -62,7 +62,7 @@ def kill(target: Target, found: ZombieScan, grace_s: float = 10.0) -> KillReport
 
 def record(found: ZombieScan, *, dry_run: bool, report: KillReport | None = None) -> dict[str, Any]:
     """`kill-zombies --json`: what was found, and, after a kill, how many ended and how many survived."""
-    doc = {**found.to_json(), "dry_run": dry_run, "ended": len(report.ended) if report else 0}
+    doc = {**found.to_record(), "dry_run": dry_run, "ended": len(report.ended) if report else 0}
     if report is not None:
         doc["failed"] = len(report.failed)
     return doc

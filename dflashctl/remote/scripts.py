@@ -16,7 +16,7 @@ from pathlib import Path
 
 import dflashctl.agent
 from dflashctl.agent.lib.frame import PROTOCOL_VERSION, SENTINEL
-from dflashctl.errors import DflashError, ExitCode
+from dflashctl.errors import DflashError, ExitCode, RemoteFailed
 from dflashctl.remote.target import Target
 
 AGENT_DIR = Path(dflashctl.agent.__file__).parent  # the sources are read from the installed package
@@ -78,7 +78,7 @@ def parse_reply(line: str) -> dict | None:
     if not isinstance(frame, dict):
         return None
     if frame.get("v") != PROTOCOL_VERSION:
-        raise DflashError(f"reply protocol version {frame.get('v')!r} does not match this CLI ({PROTOCOL_VERSION})",
+        raise RemoteFailed(f"reply protocol version {frame.get('v')!r} does not match this CLI ({PROTOCOL_VERSION})",
                           hint="the container programs are sent with every command; is an old dflashctl on PATH?")
     doc = frame.get("doc")
     return doc if isinstance(doc, dict) else None

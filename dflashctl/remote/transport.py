@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from dflashctl.errors import DflashError, RemoteTimeout
+from dflashctl.errors import RemoteFailed, RemoteTimeout
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Result:
 
     def check(self, what: str) -> Result:
         if not self.ok:
-            raise DflashError(f"{what} failed (exit {self.exit_code}): {self.tail() or 'no output'}")
+            raise RemoteFailed(f"{what} failed (exit {self.exit_code}): {self.tail() or 'no output'}")
         return self
 
 

@@ -27,62 +27,17 @@ above, each said once; policy.py decides the `policy` ones.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dflashctl.analysis.events import EVENTS_FILE, Event, read_events  # noqa: F401  (the records; re-exported)
 from dflashctl.analysis.verdict import EndWatch, ProcessState
 from dflashctl.model import GpuFinding, Signature, SignatureHit, ThreadState, Verdict
 from dflashctl.sentinel.spec import Policy
 
 if TYPE_CHECKING:
     from dflashctl.analysis.watcher import StatusView
-
-EVENTS_FILE = "events.jsonl"
-_CORE = ("t", "kind", "run", "verdict", "message")
-
-
-@dataclass(frozen=True)
-class Event:
-    t: float
-    kind: str
-    run: str
-    verdict: str
-    message: str
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def to_record(self) -> dict[str, Any]:
-        return {"t": self.t, "kind": self.kind, "run": self.run, "verdict": self.verdict, "message": self.message,
-                **{k: v for k, v in self.data.items() if k not in _CORE}}
-
-    def to_line(self) -> bytes:
-        """One line of events.jsonl (short enough for one atomic O_APPEND write in practice)."""
-        return (json.dumps(self.to_record(), separators=(",", ":"), default=str) + "\n").encode()
-
-    @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> Event:
-        t = rec.get("t")
-        return cls(float(t) if isinstance(t, int | float) and not isinstance(t, bool) else 0.0,
-                   str(rec.get("kind") or "?"), str(rec.get("run") or ""), str(rec.get("verdict") or ""),
-                   str(rec.get("message") or ""), {k: v for k, v in rec.items() if k not in _CORE})
-
-
-def read_events(text: str | bytes) -> list[Event]:
-    """Every whole event in an events.jsonl text, in order; a torn last line (being written) or a line that is not
-    an object is skipped."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    out = []
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(Event.from_record(rec))
-    return out
-
 
 # -- from views to events ---------------------------------------------------------------------------------------
 
@@ -189,7 +144,7 @@ class EventTracker:
             return []
         h = view.health
         t = 0.0 if view.time is None else view.time
-        kind = str((run.meta or {}).get("kind") or "train")
+        kind = run.meta.kind
         ending = s.end.see(ProcessState(alive=run.alive, exit_code=run.exit_code), t, supervised=kind != "adopted")
         # gone with no exit code yet: the supervisor may still be writing it; `lost` is not a verdict until then
         settling = view.settling or (h.verdict == Verdict.LOST and ending == "settling")

@@ -150,7 +150,7 @@ class Sentinel:
                           + (f", notifying {len(spec.targets)} target(s)" if spec.targets else ""),
                           {"pid": os.getpid(), "interval_s": spec.interval_s, "attempt": spec.attempt,
                            "targets": [t.label for t in spec.targets], "kinds": list(spec.kinds),
-                           "policy": spec.to_dict()["policy"], "restart": spec.to_dict()["restart"]}))
+                           "policy": spec.to_record()["policy"], "restart": spec.to_record()["restart"]}))
         threading.Thread(target=self.watch_end, args=(sys.stdin.buffer,), daemon=True, name="end").start()
         while not self.ended.is_set():
             started = time.monotonic()
@@ -186,6 +186,6 @@ def main(argv: list[str]) -> int:
         return 2
     run_dir = argv[0]
     launch = read_json(os.path.join(run_dir, "launch.json")) or {}
-    spec = SentinelSpec.from_dict(launch.get("sentinel") or {"host": "?"})
+    spec = SentinelSpec.from_record(launch.get("sentinel") or {"host": "?"})
     run_id = os.environ.get(MARKER) or os.path.basename(os.path.abspath(run_dir))
     return Sentinel(run_dir, run_id, spec).run()

@@ -100,11 +100,11 @@ class NotifyTarget:
         parts = urlsplit(self.url)
         return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_record(self) -> dict[str, Any]:
         return {"kind": self.kind, "url": self.url, "command": self.command}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> NotifyTarget:
+    def from_record(cls, d: Mapping[str, Any]) -> NotifyTarget:
         return cls(str(d["kind"]), d.get("url"), d.get("command"))
 
 
@@ -194,12 +194,12 @@ class Restart:
     gpu_wait_s: float = 600.0  # ... for at most this long, then start anyway (and say so in events.jsonl)
     never: tuple[int, ...] = NEVER_RETRY
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_record(self) -> dict[str, Any]:
         return {"on": list(self.on), "max_restarts": self.max_restarts, "backoff_s": self.backoff_s,
                 "gpu_free_mib": self.gpu_free_mib, "gpu_wait_s": self.gpu_wait_s, "never": list(self.never)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Restart:
+    def from_record(cls, d: Mapping[str, Any]) -> Restart:
         return cls(tuple(d["on"]), int(d["max_restarts"]), float(d.get("backoff_s", 10.0)),
                    float(d.get("gpu_free_mib", 512.0)), float(d.get("gpu_wait_s", 600.0)),
                    tuple(int(c) for c in d.get("never", NEVER_RETRY)))
@@ -247,33 +247,33 @@ class SentinelSpec:
     progress_regex: str | None = None  # the host's own progress format (hosts.toml `progress_regex`)
     stall_window_s: float | None = None  # the host's `stall_window` (None: analysis.health's default)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_record(self) -> dict[str, Any]:
         p = self.policy
         return {
-            "host": self.host, "targets": [t.to_dict() for t in self.targets], "kinds": list(self.kinds),
+            "host": self.host, "targets": [t.to_record() for t in self.targets], "kinds": list(self.kinds),
             "policy": {"on_worker_failure": p.on_worker_failure,
                        "idle_limit": None if p.idle_limit is None else {"util_pct": p.idle_limit.util_pct,
                                                                         "for_s": p.idle_limit.for_s},
                        "stall_limit_s": p.stall_limit_s},
-            "restart": None if self.restart is None else self.restart.to_dict(),
+            "restart": None if self.restart is None else self.restart.to_record(),
             "interval_s": self.interval_s, "gpu_interval_s": self.gpu_interval_s, "gather_s": self.gather_s,
             "min_gap_s": self.min_gap_s, "attempt": self.attempt, "progress_regex": self.progress_regex,
             "stall_window_s": self.stall_window_s,
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SentinelSpec:
+    def from_record(cls, d: Mapping[str, Any]) -> SentinelSpec:
         p = d.get("policy") or {}
         idle = p.get("idle_limit")
         restart = d.get("restart")
         return cls(
             host=str(d.get("host") or "?"),
-            targets=tuple(NotifyTarget.from_dict(t) for t in d.get("targets") or ()),
+            targets=tuple(NotifyTarget.from_record(t) for t in d.get("targets") or ()),
             kinds=tuple(d["kinds"]) if d.get("kinds") is not None else DEFAULT_NOTIFY,
             policy=Policy(p.get("on_worker_failure"),
                           None if not idle else IdleLimit(float(idle["util_pct"]), float(idle["for_s"])),
                           None if p.get("stall_limit_s") is None else float(p["stall_limit_s"])),
-            restart=None if not restart else Restart.from_dict(restart),
+            restart=None if not restart else Restart.from_record(restart),
             interval_s=float(d.get("interval_s", 1.0)), gpu_interval_s=float(d.get("gpu_interval_s", 5.0)),
             gather_s=float(d.get("gather_s", 2.0)), min_gap_s=float(d.get("min_gap_s", 60.0)),
             attempt=int(d.get("attempt", 1)), progress_regex=d.get("progress_regex"),

@@ -8,7 +8,7 @@ import pytest
 
 from dflashctl.analysis.health import Evidence, judge
 from dflashctl.analysis.verdict import EXIT_CODE_GRACE_S, STARTING_GRACE_S, EndWatch, ProcessState, process_verdict
-from dflashctl.commands._runs import RunInfo
+from dflashctl.commands.runlookup import RunInfo
 from dflashctl.model import Verdict
 
 

@@ -167,13 +167,13 @@ def test_a_sentinel_spec_crosses_launch_json_intact() -> None:
         interval_s=2.0, gpu_interval_s=10.0, gather_s=0.5, min_gap_s=120.0, attempt=2,
         progress_regex=r"^it (?P<step>\d+) loss (?P<loss>[\d.]+)",
     )
-    assert SentinelSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    assert SentinelSpec.from_record(json.loads(json.dumps(spec.to_record()))) == spec
     plain = SentinelSpec("pve1")  # report only: no targets, no policy, no restart
-    assert SentinelSpec.from_dict(json.loads(json.dumps(plain.to_dict()))) == plain
+    assert SentinelSpec.from_record(json.loads(json.dumps(plain.to_record()))) == plain
     assert not plain.policy.acts and spec.policy.acts
 
 
 def test_an_empty_sentinel_record_reads_as_report_only() -> None:
-    spec = SentinelSpec.from_dict({})
+    spec = SentinelSpec.from_record({})
     assert spec.host == "?" and spec.targets == () and spec.kinds == DEFAULT_NOTIFY and spec.restart is None
     assert spec.policy == Policy()

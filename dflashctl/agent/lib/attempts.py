@@ -20,6 +20,7 @@ import time
 from dflashctl.agent.lib.checkpoints import newest_checkpoint
 from dflashctl.agent.lib.procfs import marked_processes
 from dflashctl.agent.lib.rundir import now_iso
+from dflashctl.agent.lib.runmeta import read_meta
 from dflashctl.agent.probe.gpus import GpuReader, gpu_report
 
 SPEC_FILE = "launch_spec.json"  # what the launch was asked to start, for the next attempt
@@ -35,10 +36,8 @@ def next_spec(prev_dir: str, prev_id: str, decision: dict) -> dict | None:
             spec = json.load(f)
     except (OSError, ValueError):
         return None
-    with open(os.path.join(prev_dir, "meta.json")) as f:
-        prev_meta = json.load(f)
     attempt = int(decision.get("attempt") or 2)
-    chain = prev_meta.get("chain") or {"first": prev_id}
+    chain = read_meta(prev_dir).chain or {"first": prev_id}
     extra = [a for a in spec.get("extra") or [] if a != "--resume"]
     exec_mode = spec.get("command") is not None or spec.get("shell") is not None
     resume = None

@@ -10,6 +10,7 @@ import os
 
 from dflashctl.agent.lib.fsutil import read_int, read_json
 from dflashctl.agent.lib.procfs import group_alive, is_process, run_alive
+from dflashctl.agent.lib.runmeta import META_FILE, RunMeta, read_meta
 
 
 def resolve_run(runs_dir: str, run: str) -> tuple[str, str] | None:
@@ -25,17 +26,8 @@ def resolve_run(runs_dir: str, run: str) -> tuple[str, str] | None:
     return (run, path) if os.path.isdir(path) else None
 
 
-def adopted_identity(meta: dict | None) -> dict | None:
-    """The process an adopted run (`dflashctl adopt`, meta.json kind "adopted") is: {pid, starttime,
-    boot_time, cmdline, ...}; None for runs we started (their identity is the DFLASH_RUN_ID marker)."""
-    if not isinstance(meta, dict) or meta.get("kind") != "adopted":
-        return None
-    ident = meta.get("adopted")
-    return ident if isinstance(ident, dict) else {}
-
-
 def liveness(run_id: str, run_dir: str, pid: int | None, exit_code: int | None,
-             cache: dict | None = None, meta: dict | None = None) -> tuple[bool, bool, int | None]:
+             cache: dict | None = None, meta: RunMeta | None = None) -> tuple[bool, bool, int | None]:
     """(alive, ending, supervisor pid): THE rule, for the probe, the launcher and every reader.
 
     A run we started is alive while its trainer (the recorded pid) is and carries the run's marker,
@@ -46,7 +38,7 @@ def liveness(run_id: str, run_dir: str, pid: int | None, exit_code: int | None,
     An adopted run (meta kind "adopted") carries no marker and has no supervisor: it is alive while
     its process is the one adopted (procfs.is_process: same pid, start time, boot and argv).
     cache: see procfs.group_alive."""
-    identity = adopted_identity(meta)
+    identity = meta.adopted_identity if meta is not None else None
     if identity is not None:
         return is_process(identity), False, None
     sup = read_int(os.path.join(run_dir, "supervisor.pid"))
@@ -66,35 +58,31 @@ def live_latest(runs_dir: str) -> str | None:
     if found is None:
         return None
     run_id, run_dir = found
-    meta = read_json(os.path.join(run_dir, "meta.json"))
     pid = read_int(os.path.join(run_dir, "pid"))
     exit_code = read_int(os.path.join(run_dir, "exit_code"))
-    return run_id if liveness(run_id, run_dir, pid, exit_code, meta=meta)[0] else None
+    return run_id if liveness(run_id, run_dir, pid, exit_code, meta=read_meta(run_dir))[0] else None
 
 
 def adopted_by(runs_dir: str, identity: dict) -> str | None:
     """The run that has already adopted this very process (same pid and start time), if any."""
     for run_id in run_ids(runs_dir):
-        ident = adopted_identity(read_json(os.path.join(runs_dir, run_id, "meta.json")))
+        ident = read_meta(os.path.join(runs_dir, run_id)).adopted_identity
         if ident and ident.get("pid") == identity.get("pid") and ident.get("starttime") == identity.get("starttime"):
             return run_id
     return None
 
 
-def node_lead_dir(run_dir: str, meta: object) -> str:
+def node_lead_dir(run_dir: str, meta: RunMeta) -> str:
     """Where this host's lowest rank writes its heartbeat and errors/: the run dir itself, except on a later node
     of a run across hosts (meta.json `cluster`), whose lowest rank R = node_rank x nproc_per_node writes them in
     rank-R/ (trainer/pipeline.py: only global rank 0 writes into the run dir)."""
-    c = meta.get("cluster") if isinstance(meta, dict) else None
-    try:
-        rank = int(c["node_rank"]) * int(c.get("nproc_per_node") or 1) if isinstance(c, dict) else 0
-    except (KeyError, TypeError, ValueError):
-        rank = 0
+    rank = meta.lead_rank
     return os.path.join(run_dir, f"rank-{rank}") if rank > 0 else run_dir
 
 
 def run_state(run_id: str, run_dir: str, cache: dict | None = None) -> dict:
-    meta = read_json(os.path.join(run_dir, "meta.json"))
+    raw = read_json(os.path.join(run_dir, META_FILE))  # sent as it is: the laptop reads it as a RunMeta too
+    meta = RunMeta.from_record(raw)
     pid = read_int(os.path.join(run_dir, "pid"))
     exit_code = read_int(os.path.join(run_dir, "exit_code"))
     alive, ending, sup = liveness(run_id, run_dir, pid, exit_code, cache, meta)
@@ -113,7 +101,7 @@ def run_state(run_id: str, run_dir: str, cache: dict | None = None) -> dict:
     return {
         "id": run_id,
         "dir": run_dir,
-        "meta": meta,
+        "meta": raw,
         "pid": pid,
         "alive": alive,
         "ending": ending,

@@ -10,9 +10,10 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
+from dflashctl.analysis.events import read_events
 from dflashctl.analysis.health import Thresholds
 from dflashctl.analysis.progress import custom
-from dflashctl.analysis.verdict import JOB_KINDS, ProcessState, process_verdict
+from dflashctl.analysis.verdict import ProcessState, process_verdict
 from dflashctl.analysis.watcher import stopped_why
 from dflashctl.model import Host, Verdict
 from dflashctl.report import RunRecord
@@ -27,23 +28,16 @@ class RunInfo(RunRecord):
     @property
     def is_job(self) -> bool:
         """An evaluation or a data generation: it logs no training steps (exec and adopted runs train)."""
-        return self.kind in JOB_KINDS
+        return self.meta.is_job
 
     @property
     def kind(self) -> str:
-        """"train"; "eval" / "generate" for `dflashctl eval` / `generate` runs (meta.json; older runs: training)."""
-        kind = (self.meta or {}).get("kind")
-        return kind if isinstance(kind, str) else "train"
-
-    @property
-    def log_path(self) -> str:
-        return f"{self.dir}/train.log"
+        """"train"; "eval" / "generate" for `dflashctl eval` / `generate` runs; "exec", "adopted" (meta.json)."""
+        return self.meta.kind
 
     @property
     def started_at(self) -> float | None:
-        meta = self.meta or {}
-        value = meta.get("started_at_epoch")
-        return float(value) if isinstance(value, int | float) else None
+        return self.meta.started_at_epoch
 
     @property
     def process(self) -> ProcessState:
@@ -57,47 +51,28 @@ class RunInfo(RunRecord):
         return process_verdict(self.process, stepped=self.last_step is not None, pid_known=self.pid is not None,
                                now=now)
 
-    def duration_s(self, now: float) -> float | None:
-        if self.started_at is None:
-            return None
-        end = now if self.alive or self.ended_at is None else self.ended_at
-        return max(0.0, end - self.started_at)
-
-    def to_json(self, now: float | None = None) -> dict[str, Any]:
-        meta = self.meta or {}
-        return {
-            "id": self.id, "name": meta.get("name"), "dir": self.dir, "pid": self.pid, "alive": self.alive,
-            "ending": self.ending, "exit_code": self.exit_code, "stopped": self.stopped,
-            "verdict": str(self.verdict(now)),
-            "started_at": meta.get("started_at"), "last_step": self.last_step, "log_path": self.log_path,
-            "duration_s": None if now is None else self.duration_s(now),
-            "attempt": self.attempt, "restart_of": meta.get("restart_of"), "chain": meta.get("chain"),
-            "last_event": self.last_event,
-        }
+    def to_record(self, *, verdict: str | None = None, now: float | None = None, last_step: int | None = None,
+                  last_event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The one shape of a run (report.RunRecord.to_record), judged from process state, with its last step and
+        its sentinel's last event."""
+        return super().to_record(verdict=verdict or str(self.verdict(now)), now=now,
+                                 last_step=self.last_step if last_step is None else last_step,
+                                 last_event=self.last_event if last_event is None else last_event)
 
     @property
     def last_event(self) -> dict[str, Any] | None:
         """The newest record of the run's sentinel (events.jsonl), from the tail the probe sent with --runs."""
-        if not self.events_tail:
-            return None
-        from dflashctl.sentinel.events import read_events
-
-        found = read_events(self.events_tail)  # a line the tail cut is no JSON object: skipped
+        found = read_events(self.events_tail) if self.events_tail else []  # a line the tail cut is skipped
         return found[-1].to_record() if found else None
 
     @property
     def attempt(self) -> int | None:
         """Which attempt of a launch with --restart-on this run is (None: a launch without restarts)."""
-        chain = (self.meta or {}).get("chain")
-        return int(chain["attempt"]) if isinstance(chain, dict) and isinstance(chain.get("attempt"), int) else None
+        return self.meta.attempt
 
     @property
     def attempt_label(self) -> str:
-        chain = (self.meta or {}).get("chain")
-        if not isinstance(chain, dict) or self.attempt is None:
-            return "-"
-        prev = chain.get("previous")
-        return f"{self.attempt}/{chain.get('attempts_max') or '?'}" + (f" after {prev}" if prev else "")
+        return self.meta.attempt_label
 
 
 def host_progress(host: Host) -> re.Pattern[str] | None:
