@@ -6,9 +6,8 @@ module_source; each is importable, so each is unit-tested on its own), and it pr
 framed reply line (agent/lib/frame.py); anything else on stdout (login banners, locale warnings) is ignored
 by the one parser, scripts.parse_reply.
 
-Arguments: --workspace W [--run RUN|latest] [--log-offset N] [--log-inode I] [--log-max BYTES]
-[--gpus] [--events] [--procs [--pid P ...]] [--runs] [--host-gpu-procs CTID] [--watch --interval S
-[--gpu-interval S]].
+What it is asked: one ProbeRequest (agent/probe/request.py), sent as its to_argv() and read back by the probe with
+from_argv(); probe_doc / probe_once / stream_docs build it from their keywords.
 Fields (the contract with `status`): probe_version, time, hostname, run, log, gpus, procs; and,
 added for the lifecycle verbs: run_requested (what --run asked for), disk {path, free_mib,
 total_mib}, run.ended_at (mtime of exit_code), run.ending and run.supervisor_pid (run.alive stays
@@ -35,11 +34,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Generator, Iterator
 from functools import lru_cache
 
-from dflashctl.agent.probe.main import PROBE_VERSION
+from dflashctl.agent.probe.request import DEFAULT_LOG_MAX, ProbeRequest
+from dflashctl.agent.probe.version import PROBE_VERSION
 from dflashctl.errors import DflashError, ExitCode, NotFound
 from dflashctl.model import HostGpuReport
 from dflashctl.remote.scripts import module_source, parse_replies, parse_reply
@@ -47,10 +48,8 @@ from dflashctl.remote.target import Target
 from dflashctl.remote.transport import Result
 from dflashctl.report import ProbeReport, check_version, parse_report
 
-__all__ = ["PROBE_VERSION", "build_script", "decode_log", "parse_frames", "probe_args", "probe_doc",
-           "probe_host_gpu_procs", "probe_once", "probe_stream", "stream_docs"]
-
-DEFAULT_LOG_MAX = 1 << 20
+__all__ = ["PROBE_VERSION", "ProbeRequest", "build_script", "decode_log", "parse_frames", "probe_args", "probe_doc",
+           "probe_host_gpu_procs", "probe_once", "probe_stream", "one_shot", "request_doc", "stream_docs"]
 
 
 @lru_cache(maxsize=1)
@@ -80,27 +79,20 @@ def decode_log(doc: dict) -> bytes:
     return base64.b64decode(log.get("data_b64") or "")
 
 
-def probe_args(workspace: str | None, run: str | None = None, log_offset: int | None = None, *,
-               procs: bool = False, gpus: bool = True, runs: bool = False, log_max: int = DEFAULT_LOG_MAX,
-               log_inode: int | None = None, pids: tuple[int, ...] = (), events: bool = False,
-               xid: bool = False) -> list[str]:
-    args: list[str] = []
-    for pid in pids:
-        args += ["--pid", str(int(pid))]
-    if workspace:
-        args += ["--workspace", workspace]
-    if run:
-        args += ["--run", run]
-    if log_offset is not None:
-        args += ["--log-offset", str(int(log_offset))]
-    if log_inode is not None:
-        args += ["--log-inode", str(int(log_inode))]
-    args += ["--log-max", str(int(log_max))]
-    for flag, on in (("--procs", procs), ("--gpus", gpus), ("--runs", runs), ("--events", events),
-                     ("--xid", xid)):
-        if on:
-            args.append(flag)
-    return args
+def one_shot(workspace: str | None, run: str | None = None, log_offset: int | None = None, *,
+             procs: bool = False, gpus: bool = True, runs: bool = False, log_max: int = DEFAULT_LOG_MAX,
+             log_inode: int | None = None, pids: tuple[int, ...] = (), events: bool = False,
+             xid: bool = False) -> ProbeRequest:
+    """The one-shot ProbeRequest of probe_once's keywords."""
+    return ProbeRequest(workspace=workspace or None, run=run, log_offset=log_offset, log_inode=log_inode,
+                        log_max=log_max, procs=procs, pids=tuple(int(p) for p in pids), gpus=gpus, events=events,
+                        runs=runs, xid=xid)
+
+
+def probe_args(workspace: str | None, run: str | None = None, log_offset: int | None = None,
+               **kw: object) -> list[str]:
+    """one_shot(...)'s argv (for benchmarks that run the probe by hand)."""
+    return one_shot(workspace, run, log_offset, **kw).to_argv()  # type: ignore[arg-type]
 
 
 def probe_once(target: Target, workspace: str, run: str | None = None, log_offset: int | None = None,
@@ -121,9 +113,17 @@ def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset
     """probe_once's reply as the raw dict the probe sent (its version checked): for tests of the probe itself.
     xid: the GPU host's kernel-log Xid lines too — beside the probe where it runs on the GPU host, and for a
     container host from the Proxmox host by a request sent at the same time as the container's (_halves_at_once)."""
-    paired = xid and target.host.container is not None
-    args = probe_args(workspace, run, log_offset, procs=procs, gpus=gpus, runs=runs, log_max=log_max,
-                      log_inode=log_inode, pids=pids, events=events, xid=xid and not paired)
+    req = one_shot(workspace, run, log_offset, procs=procs, gpus=gpus, runs=runs, log_max=log_max,
+                   log_inode=log_inode, pids=pids, events=events, xid=xid)
+    return request_doc(target, req, require_run=require_run, timeout=timeout)
+
+
+def request_doc(target: Target, req: ProbeRequest, *, require_run: bool = True,
+                timeout: float | None = 60) -> dict:
+    """The raw report for one typed request (its version checked); NotFound when req.run does not exist and
+    require_run is set."""
+    paired = req.xid and target.host.container is not None
+    args = dataclasses.replace(req, xid=False).to_argv() if paired else req.to_argv()
     if paired:
         res = _halves_at_once(target, args, timeout)
     else:
@@ -138,8 +138,8 @@ def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset
         found = [d["xid"] for d in docs if isinstance(d.get("xid"), dict)]
         doc["xid"] = found[-1] if found else {"error": "the Proxmox host's kernel-log probe printed no report "
                                                        "(is python3 installed there?)"}
-    if run and require_run and doc.get("run") is None:
-        raise NotFound(f"run {run!r} not found in {workspace}/runs on {target.host.name}",
+    if req.run and require_run and doc.get("run") is None:
+        raise NotFound(f"run {req.run!r} not found in {req.workspace}/runs on {target.host.name}",
                        hint="list runs with `dflashctl runs`")
     return doc
 
@@ -208,12 +208,10 @@ def stream_docs(target: Target, workspace: str, run: str | None, log_offset: int
     log_inode: the inode the offset belongs to, so a log rotated between reconnects (a new file that
     may already be larger than the offset) is read again from 0 instead of from the old offset.
     gpu_interval: read the GPUs this often between reports (each report's gpus_series; default: once a report)."""
-    args = probe_args(workspace, run, log_offset, procs=procs, gpus=gpus, log_max=log_max, log_inode=log_inode,
-                      events=events)
-    args += ["--watch", "--interval", f"{interval:g}"]
-    if gpu_interval is not None:
-        args += ["--gpu-interval", f"{gpu_interval:g}"]
-    lines = target.stream([target.host.python, "-", *args], stdin=build_script().encode())
+    req = ProbeRequest(workspace=workspace or None, run=run, log_offset=log_offset, log_inode=log_inode,
+                       log_max=log_max, procs=procs, gpus=gpus, events=events, watch=True, interval=float(interval),
+                       gpu_interval=None if gpu_interval is None else float(gpu_interval))
+    lines = target.stream([target.host.python, "-", *req.to_argv()], stdin=build_script().encode())
     got = False
     try:
         for line in lines:
@@ -235,11 +233,11 @@ def probe_host_gpu_procs(target: Target, timeout: float | None = 60) -> HostGpuR
     and maps through cgroup + NSpid; elsewhere nvidia-smi's pids are the target's own."""
     ct = target.host.container
     if ct is None:
-        res = target.run([target.host.python, "-", "--host-gpu-procs", "-"], stdin=build_script().encode(),
-                         timeout=timeout)
+        res = target.run([target.host.python, "-", *ProbeRequest(host_gpu_procs="-").to_argv()],
+                         stdin=build_script().encode(), timeout=timeout)
     else:
-        res = target.run_host(["python3", "-", "--host-gpu-procs", str(ct)], stdin=build_script().encode(),
-                              timeout=timeout)
+        res = target.run_host(["python3", "-", *ProbeRequest(host_gpu_procs=str(ct)).to_argv()],
+                              stdin=build_script().encode(), timeout=timeout)
     docs = parse_frames(res.stdout)
     if not docs:
         return HostGpuReport(None, (), f"host probe printed no report (exit {res.exit_code}): "

@@ -1,4 +1,5 @@
-"""The probe (the program): arguments, one framed report per line (`lib/frame.py`), and the --watch loop.
+"""The probe (the program): its request (request.py, the one spelling of its options), one framed report per line
+(`lib/frame.py`), and the --watch loop.
 
 Everything it imports from dflashctl.agent is pasted into it as it travels (remote/scripts.py); the laptop
 side is dflashctl/remote/probe.py. A --watch sends a report every --interval, and one at once (at most every
@@ -6,7 +7,6 @@ side is dflashctl/remote/probe.py. A --watch sends a report every --interval, an
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -19,32 +19,12 @@ from dflashctl.agent.probe.gpus import GpuReader, gpu_report
 from dflashctl.agent.probe.logtail import read_log
 from dflashctl.agent.probe.logwait import LogWaiter
 from dflashctl.agent.probe.procs import host_gpu_procs, scan_procs
+from dflashctl.agent.probe.request import ProbeRequest
 from dflashctl.agent.probe.version import PROBE_VERSION
 from dflashctl.agent.probe.xid import xid_report
 
 CAPTURE_MAX = 1 << 20  # a saved stack capture larger than this is not sent with the status report
 EVENTS_MAX = 64 << 10  # of a run's events.jsonl (the sentinel's timeline: a few hundred bytes per event)
-
-
-def parse_args(argv: list) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="dflash-probe")
-    p.add_argument("--workspace")
-    p.add_argument("--run")
-    p.add_argument("--log-offset", type=int)
-    p.add_argument("--log-inode", type=int)
-    p.add_argument("--log-max", type=int, default=1 << 20)
-    p.add_argument("--procs", action="store_true")
-    p.add_argument("--pid", type=int, action="append", default=[], help="with --procs: report this pid too")
-    p.add_argument("--gpus", action="store_true")
-    p.add_argument("--events", action="store_true", help="with --run: the run's events.jsonl (its last 64 KiB)")
-    p.add_argument("--runs", action="store_true", help="list every run's state")
-    p.add_argument("--host-gpu-procs", metavar="CTID", help="run on the Proxmox host: compute apps of CTID")
-    p.add_argument("--xid", action="store_true", help="the kernel log's NVRM Xid lines (run where it is readable)")
-    p.add_argument("--watch", action="store_true")
-    p.add_argument("--interval", type=float, default=1.0)
-    p.add_argument("--gpu-interval", type=float, help="with --watch --gpus: read the GPUs this often (default: the "
-                                                       "interval); each report sends the readings since the last")
-    return p.parse_args(argv)
 
 
 def disk_free(path: str) -> dict | None:
@@ -73,7 +53,7 @@ def newest_capture(run_dir: str) -> dict | None:
         return None
 
 
-def report(args: argparse.Namespace, offset, inode, gpu_reader: GpuReader | None = None) -> dict:
+def report(args: ProbeRequest, offset, inode, gpu_reader: GpuReader | None = None) -> dict:
     """One report; gpu_reader: the GPU reader a --watch keeps (NVML handles, nvidia-smi's field list), else a
     one-shot read."""
     # nvidia-smi runs while we read the rest; not beside a process scan, which would see it (on a real driver it
@@ -98,7 +78,7 @@ def report(args: argparse.Namespace, offset, inode, gpu_reader: GpuReader | None
     if args.gpus:
         doc["gpus"] = gpus.result() if gpus is not None else gpu_report(gpu_reader)
     if args.procs:
-        doc["procs"] = scan_procs(exclude=(os.getpid(),), include=tuple(args.pid),
+        doc["procs"] = scan_procs(exclude=(os.getpid(),), include=args.pids,
                                   runs_dir=os.path.join(args.workspace, "runs") if args.workspace else None)
         if args.workspace:
             doc["run_ids"] = run_ids(os.path.join(args.workspace, "runs"))
@@ -156,7 +136,11 @@ def _pause(waiter: LogWaiter | None, until: float) -> bool:
 
 
 def main(argv: list) -> int:
-    args = parse_args(argv)
+    try:
+        args = ProbeRequest.from_argv(list(argv))
+    except ValueError as e:
+        sys.stderr.write(f"{e}\n")
+        return 2
     offset, inode = args.log_offset, args.log_inode
     gpu_every = min(args.gpu_interval, args.interval) if args.gpu_interval and args.gpu_interval > 0 \
         else args.interval
