@@ -56,15 +56,18 @@ class ForeignPeer(Exception):
 
 
 def ensure_dir(path: Path) -> None:
-    """Make the masters' folder (0700) if it is missing, then check it (checked_dir)."""
-    with contextlib.suppress(FileExistsError):  # a symlink or a file of that name: checked_dir says which
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Make the masters' folder and any missing parent (0700 each) if it is missing, then check it (checked_dir)."""
+    for folder in [*reversed(path.parents), path]:
+        with contextlib.suppress(FileExistsError):  # a symlink or a file of that name: checked_dir says which
+            folder.mkdir(mode=0o700)
     checked_dir(path)
 
 
 def checked_dir(path: Path) -> None:
     """A real directory (lstat: not a symlink to one), owned by us, 0700, whose parent is ours or root's and not
-    writable by others unless sticky (else they could swap our folder). Raises UnsafeStateDir saying which."""
+    writable by others (world-writable only when sticky, as /tmp; group-writable only for our own group, as a
+    user-private group under umask 002 makes it): else they could swap our folder. Raises UnsafeStateDir saying
+    which."""
     uid = os.getuid()
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
@@ -78,7 +81,8 @@ def checked_dir(path: Path) -> None:
     parent = os.stat(path.parent)
     if parent.st_uid not in (uid, 0):
         raise UnsafeStateDir(f"{path.parent} is owned by uid {parent.st_uid}, not by you or root")
-    if parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX:
+    shared = parent.st_mode & 0o002 or (parent.st_mode & 0o020 and parent.st_gid != os.getgid())
+    if shared and not parent.st_mode & stat.S_ISVTX:
         raise UnsafeStateDir(f"{path.parent} is writable by others")
 
 

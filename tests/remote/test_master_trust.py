@@ -101,10 +101,27 @@ def test_a_masters_folder_in_a_parent_others_can_write_is_refused(tmp_path: Path
     assert "is writable by others" in refused(wire.place_for(NEVER_CONTACTED))
 
 
-def test_a_missing_masters_folder_is_made_0700(state: Path):
-    folder = state / "masters"
-    wire.ensure_dir(folder)
-    assert folder.stat().st_mode & 0o777 == 0o700 and not folder.is_symlink()
+def test_a_missing_masters_folder_and_its_missing_parents_are_made_0700(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("DFLASHCTL_STATE_DIR", str(tmp_path / "a" / "b"))
+    old = os.umask(0o002)  # a user-private group's umask: parents made 0775 by a plain makedirs
+    try:
+        wire.ensure_dir(wire.masters_dir())
+    finally:
+        os.umask(old)
+    for folder in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "masters"):
+        assert folder.stat().st_mode & 0o777 == 0o700 and not folder.is_symlink(), folder
+
+
+def test_a_parent_writable_by_our_own_group_only_is_accepted(tmp_path: Path, monkeypatch):
+    parent = tmp_path / "home-like"
+    parent.mkdir()
+    os.chown(parent, os.getuid(), os.getgid())
+    parent.chmod(0o775)
+    monkeypatch.setenv("DFLASHCTL_STATE_DIR", str(parent))
+    wire.ensure_dir(wire.masters_dir())
+    if os.getuid() == 0:  # the same folder in another group is refused
+        os.chown(parent, 0, NOBODY)
+        assert "is writable by others" in refused(wire.place_for(NEVER_CONTACTED))
 
 
 # -- what hosts disconnect removes --------------------------------------------------------------------------------
