@@ -31,12 +31,19 @@ def gpus_cmd(
     watch: bool = typer.Option(False, "--watch", "-w", help="live view (a terminal: full screen, keys; piped: "
                                "plain rows per reading)"),
     interval: float = typer.Option(2.0, "--interval", "-n", help="seconds between readings with --watch"),
+    count: int | None = typer.Option(None, "--count", "-c", metavar="N",
+                                     help="with --watch piped or --json: stop after N readings"),
     json_out: bool = JsonOpt,
 ) -> None:
     """Every GPU of the host and who holds it: container, pid in there, user, memory, our run (current, earlier =
     zombie, none), with what to do about GPUs held idle and processes of no live run."""
     if interval <= 0:
         raise ConfigError(f"--interval must be > 0, got {interval:g}", hint="e.g. --interval 2")
+    if count is not None and count < 1:
+        raise ConfigError(f"--count must be at least 1, got {count}", hint="e.g. --count 5")
+    import contextlib
+    import itertools
+
     from dflashctl.commands import gpus
 
     with open_target(hosts, host) as target:
@@ -51,22 +58,24 @@ def gpus_cmd(
                 show(render_table(view))
             raise Exit(exit_code(view))
         views = gpus.watch(target, interval)
+        shown = itertools.islice(views, count)
         try:
             if json_out:
-                for view in views:
+                for view in shown:
                     print_json(view.to_json())
             elif console.is_terminal:
                 from dflashctl.cli.gpustui import run_tui
 
-                run_tui(views)
+                run_tui(views)  # its own thread reads the views; `q` leaves
             else:
                 from dflashctl.cli.gpusview import plain_rows
 
-                for view in views:
+                for view in shown:
                     console.file.write("".join(line + "\n" for line in plain_rows(view)))
                     console.file.flush()
         except KeyboardInterrupt:
             pass
         finally:
-            views.close()
+            with contextlib.suppress(ValueError):  # still running in the live view's reader thread: the
+                views.close()  # connection's close (open_target) ends it
         raise Exit(0)
