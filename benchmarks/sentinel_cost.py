@@ -42,7 +42,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from harness.envs import LocalEnv, toml_str  # noqa: E402
 
 from dflashctl.analysis.logscan import LogScanner  # noqa: E402
-from dflashctl.sentinel.spec import SentinelSpec  # noqa: E402
+from dflashctl.analysis.watchspec import SentinelSpec  # noqa: E402
 
 DFLASHCTL = Path(sys.executable).parent / "dflashctl"
 TICK = os.sysconf("SC_CLK_TCK")

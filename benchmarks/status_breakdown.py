@@ -35,13 +35,13 @@ import json, sys
 from dflashctl.commands.status import with_events
 from dflashctl.analysis.watcher import Watcher
 from dflashctl.analysis.logscan import LogScanner
-from dflashctl.commands.runlookup import host_progress, host_thresholds
+from dflashctl.analysis.judging import watcher
 from dflashctl.config import load_inventory
 from dflashctl.report import parse_report
 from dflashctl.cli.common import print_json
 host = load_inventory().get(None)
 doc = parse_report(json.loads(sys.stdin.read()))
-view = with_events(Watcher(host.name, host_thresholds(host), scanner=LogScanner(host_progress(host))).update(doc), doc)
+view = with_events(watcher(host.name, host.judge).update(doc), doc)
 print_json(view.to_record())
 """
 

@@ -3,7 +3,7 @@ or key, the range and the value given (exit 2).
 
 One helper for both spellings (issue 26 part 5): click's own `min=`/`max=` let NaN through (every comparison with
 NaN is false), `inf` passed as a grace period, and a `0.000001s` sentinel interval spun a core for a run's life.
-cli/ options take `option(RANGE)` as their callback; config.py and sentinel/hostkeys.py call `problem()`.
+cli/ options take `option(RANGE)` as their callback; config.py and hostkeys.py call `problem()`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 
 from dflashctl import bounds
 from dflashctl.errors import ConfigError
-from dflashctl.model import Cluster, Host
+from dflashctl.model import Cluster, Host, JudgeSettings
 
 HOST_KEYS = (
     "transport", "address", "user", "port", "identity_file", "proxy_jump", "container", "workspace",
@@ -45,7 +45,7 @@ def host_record(host: Host, *, default: bool) -> dict[str, Any]:
         "python": host.python, "gpus": {"target": list(host.gpus_target), "drafters": list(host.gpus_drafters)},
         "config": host.config, "accept_new_host_key": host.accept_new_host_key, "persist": host.persist_s,
         "code_source": host.code_source, "command": list(host.command) if host.command is not None else None,
-        "progress_regex": host.progress_regex,
+        "progress_regex": host.judge.progress_regex, "stall_window_s": host.judge.stall_window_s,
         "sentinel": host.sentinel, "notify": list(host.notify),
         "notify_on": None if host.notify_on is None else list(host.notify_on),
         "on_worker_failure": host.on_worker_failure, "idle_limit": host.idle_limit, "stall_limit": host.stall_limit,
@@ -300,6 +300,7 @@ def _host(name: str, t: dict[str, Any], where: _Where) -> Host:
         workspace = str(ws if ws.is_absolute() else (where.path.parent / ws).resolve())
     elif not workspace.startswith("/"):
         raise where.error(name, "workspace", f"must be an absolute path on the remote side, not {workspace!r}")
+    watch = _sentinel_keys(name, t, where)
     return Host(
         name=name,
         transport=transport,  # type: ignore[arg-type]  # checked above
@@ -319,9 +320,9 @@ def _host(name: str, t: dict[str, Any], where: _Where) -> Host:
         source=where.path,
         **_code_keys(name, t, where),
         command=_command(name, t, where),
-        progress_regex=_progress_regex(name, t, where),
+        judge=JudgeSettings(watch.pop("stall_window_s", None), _progress_regex(name, t, where)),  # parsed once
         node_address=string("node_address"),
-        **_sentinel_keys(name, t, where),
+        **watch,
     )
 
 
@@ -380,9 +381,8 @@ def _code_keys(name: str, t: dict[str, Any], where: _Where) -> dict[str, Any]:
 
 
 def _sentinel_keys(name: str, t: dict[str, Any], where: _Where) -> dict[str, Any]:
-    """The run sentinel's keys, each checked by the parser the launch flags go through (sentinel/hostkeys.py)."""
-    from dflashctl.sentinel.hostkeys import KeyProblem, host_keys
-
+    """The run sentinel's keys, each checked by the parser the launch flags go through (hostkeys.py)."""
+    from dflashctl.hostkeys import KeyProblem, host_keys
     try:
         return host_keys(t)
     except KeyProblem as e:

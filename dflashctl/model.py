@@ -21,6 +21,28 @@ TransportKind = Literal["local", "ssh"]
 
 
 @dataclass(frozen=True)
+class JudgeSettings:
+    """How a host's runs are judged, beyond the defaults (analysis/gpuwindow.py Thresholds): hosts.toml `stall_window`
+    and `progress_regex`, parsed and checked once (config.py) into this one record, which `status`, `status --watch`,
+    `runs`, `logs` and the run's sentinel (launch.json `sentinel.judge`) all receive. analysis/judging.py turns it into
+    the engine's thresholds and compiled pattern."""
+
+    stall_window_s: float | None = None  # alive, no new step for this long → stalled (None: the engine's default)
+    progress_regex: str | None = None  # the user's trainer's own progress line (named groups step, total, loss …)
+
+    def to_record(self) -> dict[str, object]:
+        return {"stall_window_s": self.stall_window_s, "progress_regex": self.progress_regex}
+
+    @classmethod
+    def from_record(cls, d: object) -> JudgeSettings:
+        """From launch.json (anything malformed: the defaults, as a run with no settings)."""
+        get = d.get if isinstance(d, dict) else (lambda _k: None)
+        window, regex = get("stall_window_s"), get("progress_regex")
+        ok = isinstance(window, int | float) and not isinstance(window, bool) and window > 0
+        return cls(float(window) if ok else None, regex if isinstance(regex, str) and regex else None)
+
+
+@dataclass(frozen=True)
 class Host:
     """One entry of hosts.toml. `container` set means every command runs under `pct exec CTID --`."""
 
@@ -44,8 +66,8 @@ class Host:
     code_max_file_mib: float = 50.0  # deploy refuses a tree with a file bigger than this
     code_max_total_mib: float = 200.0  # ... or more than this in all
     command: tuple[str, ...] | None = None  # what `launch` starts instead of the bundled trainer (argv)
-    progress_regex: str | None = None  # the user's trainer's own progress line (analysis.progress.custom)
-    # the run's sentinel (sentinel/spec.py checks each when hosts.toml is read; `launch` flags override them)
+    judge: JudgeSettings = JudgeSettings()  # stall_window, progress_regex: how its runs are judged
+    # the run's sentinel (analysis/watchspec.py checks each when hosts.toml is read; `launch` flags override them)
     sentinel: bool = True  # start a sentinel with each run
     sentinel_interval_s: float | None = None
     notify: tuple[str, ...] = ()  # [hosts.X.notify] targets, in --notify's spelling (webhook:URL, ntfy:URL, …)
@@ -57,7 +79,6 @@ class Host:
     restart_on: tuple[str, ...] | None = None  # crashed, stalled
     max_restarts: int | None = None
     restart_backoff: str | None = None
-    stall_window_s: float | None = None  # alive, no new step for this long → stalled (status and the sentinel)
     node_address: str | None = None  # how the other nodes of a cluster run reach this host's container (rendezvous)
 
     @property

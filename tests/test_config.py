@@ -199,7 +199,7 @@ def test_without_default_several_hosts_need_a_name(tmp_path: Path) -> None:
 def test_a_hosts_progress_regex_is_checked_where_it_is_written(tmp_path: Path) -> None:
     good = write(tmp_path / "good.toml", "[hosts.x]\ntransport = \"local\"\n"
                                          "progress_regex = 'it (?P<step>\\d+) of (?P<total>\\d+)'\n")
-    assert load_inventory(good).get("x").progress_regex == r"it (?P<step>\d+) of (?P<total>\d+)"
+    assert load_inventory(good).get("x").judge.progress_regex == r"it (?P<step>\d+) of (?P<total>\d+)"
     for regex, problem in (("it (\\d+", "does not compile"), ("it (\\d+)", "none of the named groups"),
                            ("(?P<step>\\d*)", "matches an empty line")):
         bad = write(tmp_path / "bad.toml", f"[hosts.x]\ntransport = \"local\"\nprogress_regex = '{regex}'\n")
@@ -294,3 +294,37 @@ def test_a_malformed_sentinel_key_names_file_line_and_key(tmp_path: Path, body: 
     e = error_of(f'[hosts.pve]\naddress = "pve1.example.invalid"\n{body}\n', tmp_path)
     assert f"hosts.toml:{line}: [hosts.pve] {key}: " in e.message, e.message
     assert problem in e.message, e.message
+
+
+def test_the_judge_settings_are_parsed_once_and_every_judge_receives_that_object(tmp_path: Path) -> None:
+    """hosts.toml `stall_window` and `progress_regex` become one JudgeSettings on the Host; `status` (its Watcher),
+    `runs`/`logs` (the pattern) and the sentinel (through launch.json) all get that object, not their own parse."""
+    import json
+
+    from dflashctl.analysis import judging
+    from dflashctl.analysis.watchspec import SentinelSpec
+    from dflashctl.commands.sentinel import WatchOptions, sentinel_spec
+    from dflashctl.model import JudgeSettings
+
+    h = load_inventory(write(tmp_path / "hosts.toml", '[hosts.x]\ntransport = "local"\nstall_window = "4m"\n'
+                             "progress_regex = 'it (?P<step>\\d+) of (?P<total>\\d+)'\n")).get("x")
+    assert h.judge == JudgeSettings(240.0, r"it (?P<step>\d+) of (?P<total>\d+)")
+    spec = sentinel_spec(h, WatchOptions())
+    assert spec is not None and spec.judge is h.judge
+    assert SentinelSpec.from_record(json.loads(json.dumps(spec.to_record()))).judge == h.judge  # as the sentinel reads
+    w = judging.watcher("x", h.judge, live=True)
+    assert w.thresholds.stall_window_s == 240.0 and w.steps.stall_window_s == 240.0
+    assert w.scanner.progress_regex is judging.progress_pattern(h.judge)
+    assert judging.progress_pattern(h.judge).search("it 7 of 100").group("step") == "7"
+    plain = load_inventory(write(tmp_path / "plain.toml", '[hosts.y]\ntransport = "local"\n')).get("y")
+    assert plain.judge == JudgeSettings() and judging.progress_pattern(plain.judge) is None
+    assert judging.thresholds(plain.judge).stall_window_s == 300.0  # the engine's default
+
+
+def test_judge_settings_from_a_malformed_record_are_the_defaults() -> None:
+    from dflashctl.model import JudgeSettings
+
+    for bad in (None, [], {"stall_window_s": "5m", "progress_regex": 3}, {"stall_window_s": -1},
+                {"stall_window_s": True}):
+        assert JudgeSettings.from_record(bad) == JudgeSettings()
+    assert JudgeSettings.from_record({"stall_window_s": 60, "progress_regex": "x"}) == JudgeSettings(60.0, "x")

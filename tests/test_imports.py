@@ -1,14 +1,20 @@
 """Every module imports on its own terms, and dependencies point one way.
 
-Layers, top to bottom: `__main__` → entry (the console script) → cli → commands → config → analysis | remote → agent
-→ model | errors.
+Layers, top to bottom: `__main__` → entry (the console script) → cli → commands → config → hostkeys → sentinel →
+analysis | remote → report → agent → bounds → model | errors.
 A module imports its own area and areas below it, never one beside it (analysis and remote know nothing of each
 other) or above it. agent/ runs inside the container, pasted into scripts: it imports nothing from dflashctl outside
 agent/. trainer/ is deployed on its own: it imports nothing from dflashctl. No module imports a `__main__` (an entry
 point is a top, never a library). Imports inside functions count: a lazy import is still a dependency, and within
 the packages in ACYCLIC no two modules depend on each other, however lazily.
 
-Both checks also run against a small package with a deliberate circle / upward import, so each is shown to fail.
+Beyond the layers, a few imports are ruled out by name (NEVER), directly or through any chain of imports: config
+reads hosts.toml without the sentinel program; report.py parses the probe's reply without the probe; commands/ and
+cli/ read events and specs through analysis/, never sentinel/ (the program that runs in the container). A module
+that others import is not named private (`_runs.py`).
+
+Each check also runs against a small package with a deliberate circle / upward / forbidden import, so each is shown
+to fail.
 """
 
 from __future__ import annotations
@@ -22,11 +28,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("dflashctl", "trainer")
 
-LAYERS: list[set[str]] = [{"__main__"}, {"entry"}, {"cli"}, {"commands"}, {"config"}, {"sentinel"},
+LAYERS: list[set[str]] = [{"__main__"}, {"entry"}, {"cli"}, {"commands"}, {"config"}, {"hostkeys"}, {"sentinel"},
                           {"analysis", "remote"}, {"report"}, {"agent"}, {"bounds"},
                           {"model", "errors", "__init__"}]
 ISOLATED = {"dflashctl.agent": "dflashctl.agent", "trainer": "trainer"}  # package -> the only dflashctl part it may use
 ACYCLIC = ("dflashctl", "trainer")  # no two modules depend on each other anywhere
+# importer prefix -> module prefixes it must not reach, directly or through others (lazy imports count)
+NEVER = {
+    "dflashctl.config": ("dflashctl.sentinel",),
+    "dflashctl.report": ("dflashctl.agent.probe",),
+    "dflashctl.commands": ("dflashctl.sentinel",),
+    "dflashctl.cli": ("dflashctl.sentinel",),
+}
 
 
 def modules(root: Path, package: str) -> list[str]:
@@ -230,3 +243,62 @@ def test_every_module_reads_in_one_sitting() -> None:
             for path in sorted((REPO / package).rglob("*.py")) if "__pycache__" not in path.parts
             and (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
     assert long == {}
+
+
+def _graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for package in packages:
+        for path, module, is_package in _sources(root, package):
+            graph[module] = {t for _, t in _imported(ast.parse(path.read_text(), str(path)), module, is_package, root)}
+    return graph
+
+
+def forbidden_reaches(root: Path, never: dict[str, tuple[str, ...]], packages: tuple[str, ...] = PACKAGES) -> list[str]:
+    """'importer -> a -> b -> target' for every module under a NEVER prefix that reaches a module it must not."""
+    graph = _graph(root, packages)
+
+    def under(module: str, prefix: str) -> bool:
+        return module == prefix or module.startswith(prefix + ".")
+
+    found = []
+    for start in sorted(graph):
+        banned = [b for prefix, bs in never.items() if under(start, prefix) for b in bs]
+        if not banned:
+            continue
+        seen, todo = {start: [start]}, [start]
+        while todo:
+            here = todo.pop(0)
+            for nxt in sorted(graph.get(here, ())):
+                if nxt in seen:
+                    continue
+                seen[nxt] = [*seen[here], nxt]
+                if any(under(nxt, b) for b in banned):
+                    found.append(" -> ".join(seen[nxt]))
+                elif nxt in graph:
+                    todo.append(nxt)
+    return found
+
+
+def test_config_report_commands_and_cli_never_reach_what_they_must_not() -> None:
+    assert forbidden_reaches(REPO, NEVER) == []
+
+
+def test_a_forbidden_import_through_another_module_is_reported(tmp_path: Path) -> None:
+    _write(tmp_path, {"dflashctl/__init__.py": "",
+                      "dflashctl/config.py": "def f():\n    from dflashctl import hostkeys\n",
+                      "dflashctl/hostkeys.py": "from dflashctl.sentinel import spec\n",
+                      "dflashctl/sentinel/__init__.py": "",
+                      "dflashctl/sentinel/spec.py": "",
+                      "dflashctl/report.py": "from dflashctl.agent.lib import frame\n",
+                      "dflashctl/agent/__init__.py": "",
+                      "dflashctl/agent/lib/__init__.py": "",
+                      "dflashctl/agent/lib/frame.py": ""})
+    assert forbidden_reaches(tmp_path, NEVER, ("dflashctl",)) == [
+        "dflashctl.config -> dflashctl.hostkeys -> dflashctl.sentinel.spec"]
+
+
+def test_no_module_is_named_private() -> None:
+    """A helper module that other modules import has a public name (commands/_runs.py became runlookup.py)."""
+    private = [str(p.relative_to(REPO)) for package in PACKAGES for p in sorted((REPO / package).rglob("_*.py"))
+               if not p.name.startswith("__") and "__pycache__" not in p.parts]
+    assert private == []

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflashctl.analysis import logscan
+from dflashctl.analysis.judging import progress_pattern
 from dflashctl.analysis.safe_names import safe_name
 from dflashctl.analysis.verdict import EndWatch
 from dflashctl.analysis.workers import WorkerFailure
-from dflashctl.commands._runs import RunInfo, host_progress, run_from_probe
+from dflashctl.commands.runlookup import RunInfo, run_from_probe
 from dflashctl.commands.runs import get_run
 from dflashctl.errors import NotFound
 from dflashctl.remote import probe
@@ -60,7 +61,7 @@ def gone(host: str, run_id: str) -> NotFound:
 
 def events(target: Target, run: str | None) -> Timeline:
     """The run's sentinel's events (events.jsonl), read with sentinel/events.py."""
-    from dflashctl.sentinel.events import read_events
+    from dflashctl.analysis.events import read_events
 
     info, doc = _get_run(target, run, events=True)
     return Timeline(info, [e.to_record() for e in read_events(doc.events_data or b"")])
@@ -145,7 +146,7 @@ def errors(target: Target, run: str | None) -> ErrorsView:
     """Whole tracebacks of crashed threads and ranks, launcher-reported rank failures and the final exception,
     never just the header line."""
     info, doc = _get_run(target, run, log_max=ERRORS_MAX_BYTES)
-    report = logscan.scan(doc.log_data, host_progress(target.host))
+    report = logscan.scan(doc.log_data, progress_pattern(target.host.judge))
     tbs = [tb for tb in report.tracebacks if not tb.ignored]
     order = report.crashed_workers()
     return ErrorsView(info, tbs, info.errors, report.final_exception, doc.log.offset if doc.log else 0,

@@ -11,11 +11,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from dflashctl.analysis.events import read_events
-from dflashctl.analysis.health import Thresholds
-from dflashctl.analysis.progress import custom
 from dflashctl.analysis.verdict import ProcessState, process_verdict
 from dflashctl.analysis.watcher import stopped_why
-from dflashctl.model import Host, Verdict
+from dflashctl.model import Verdict
 from dflashctl.report import RunRecord
 
 
@@ -73,17 +71,6 @@ class RunInfo(RunRecord):
     @property
     def attempt_label(self) -> str:
         return self.meta.attempt_label
-
-
-def host_progress(host: Host) -> re.Pattern[str] | None:
-    """The host's trainer's own progress format (hosts.toml `progress_regex`, checked when it was read), so that
-    `status`, `logs --errors` and `runs` read that host's logs alike."""
-    return custom(host.progress_regex) if host.progress_regex else None
-
-
-def host_thresholds(host: Host) -> Thresholds:
-    """The judging thresholds of a host: the defaults, with its `stall_window` (hosts.toml) where it sets one."""
-    return Thresholds() if host.stall_window_s is None else Thresholds(stall_window_s=host.stall_window_s)
 
 
 def run_from_probe(rec: RunRecord, progress_regex: re.Pattern[str] | None = None) -> RunInfo:

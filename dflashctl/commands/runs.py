@@ -6,7 +6,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dflashctl.commands.runlookup import RunInfo, host_progress, run_from_probe
+from dflashctl.analysis.judging import progress_pattern
+from dflashctl.commands.runlookup import RunInfo, run_from_probe
 from dflashctl.remote import probe
 from dflashctl.remote.target import Target
 from dflashctl.report import ProbeReport
@@ -30,7 +31,7 @@ class RunList:
 def list_runs(target: Target) -> RunList:
     doc = probe.probe_once(target, target.host.workspace, "latest", runs=True, gpus=False, log_max=0,
                            require_run=False)
-    regex = host_progress(target.host)
+    regex = progress_pattern(target.host.judge)
     runs = [run_from_probe(r, regex) for r in doc.runs]
     latest = doc.run.id if doc.run else None
     return RunList(target.host.name, target.host.workspace, runs, latest, doc.time or time.time())

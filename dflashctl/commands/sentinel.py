@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dflashctl.errors import ConfigError
-from dflashctl.model import Host
-from dflashctl.sentinel.spec import (
+from dflashctl.analysis.watchspec import (
     Policy,
     SentinelSpec,
     parse_duration,
@@ -21,6 +19,8 @@ from dflashctl.sentinel.spec import (
     parse_target,
     parse_worker_policy,
 )
+from dflashctl.errors import ConfigError
+from dflashctl.model import Host
 
 
 @dataclass
@@ -65,4 +65,4 @@ def sentinel_spec(host: Host, opts: WatchOptions) -> SentinelSpec | None:
     return SentinelSpec(host=host.name, targets=targets, kinds=kinds, policy=policy, restart=restart,
                         interval_s=1.0 if interval is None else parse_duration(interval, "sentinel interval"),
                         min_gap_s=60.0 if host.notify_min_gap_s is None else host.notify_min_gap_s,
-                        progress_regex=host.progress_regex, stall_window_s=host.stall_window_s)
+                        judge=host.judge)

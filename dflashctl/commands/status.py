@@ -13,19 +13,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dflashctl.analysis.health import Thresholds
-from dflashctl.analysis.logscan import LogScanner
+from dflashctl.analysis import judging
+from dflashctl.analysis.events import read_events
 from dflashctl.analysis.stacks import processes_from_capture
 from dflashctl.analysis.watcher import StatusView, Watcher
 from dflashctl.commands.fanout import HOST_DEADLINE_S, fan_out
-from dflashctl.commands.runlookup import host_progress, host_thresholds
 from dflashctl.commands.waiting import next_attempt
 from dflashctl.errors import ConnectFailed, DflashError, ExitCode, NotFound, RemoteTimeout
-from dflashctl.model import Host
+from dflashctl.model import Host, JudgeSettings
 from dflashctl.remote import probe
 from dflashctl.remote.target import Target
 from dflashctl.report import ProbeReport
-from dflashctl.sentinel.events import read_events
 
 __all__ = ["HostLine", "StatusView", "Watcher", "all_exit_code", "all_record", "is_failure", "status_all",
            "status_once", "watch"]
@@ -39,21 +37,21 @@ def _no_run(host: Host, run: str | None) -> NotFound:
                     f"{what} on {host.name}", hint="list runs with `dflashctl runs`; start one with `dflashctl launch`")
 
 
-def status_once(target: Target, run: str | None = None, *, thresholds: Thresholds | None = None,
+def status_once(target: Target, run: str | None = None, *, judge: JudgeSettings | None = None,
                 log_max: int = probe.DEFAULT_LOG_MAX) -> StatusView:
     """One round trip: the log's tail, GPUs, process state and the GPU host's kernel-log Xid lines (for a container
-    host read on the Proxmox host by the same ssh command) → a judged view."""
+    host read on the Proxmox host by the same ssh command) → a judged view. judge: the host's (hosts.toml) unless
+    given."""
     doc = probe.probe_once(target, target.host.workspace, run or "latest", log_max=log_max, require_run=False,
                            events=True, xid=True)
     if doc.run is None:
         raise _no_run(target.host, run)
-    watcher = Watcher(target.host.name, thresholds or host_thresholds(target.host),
-                      scanner=LogScanner(host_progress(target.host)))
-    return with_events(watcher.update(doc), doc)
+    w = judging.watcher(target.host.name, judge or target.host.judge)
+    return with_events(w.update(doc), doc)
 
 
 def with_events(view: StatusView, doc: ProbeReport) -> StatusView:
-    """The view with the sentinel's timeline from the same report (events.jsonl, read with sentinel/events.py)."""
+    """The view with the sentinel's timeline from the same report (events.jsonl, read with analysis/events.py)."""
     if doc.events_data is not None:
         view.events = [e.to_record() for e in read_events(doc.events_data)]
     cap = doc.stacks_capture
@@ -64,7 +62,7 @@ def with_events(view: StatusView, doc: ProbeReport) -> StatusView:
 
 
 def watch(connect: Callable[[], Target], run: str | None = None, *, interval: float = 1.0,
-          thresholds: Thresholds | None = None, log_max: int = probe.DEFAULT_LOG_MAX,
+          judge: JudgeSettings | None = None, log_max: int = probe.DEFAULT_LOG_MAX,
           sleep: Callable[[float], None] = time.sleep, gpu_interval: float | None = None) -> Iterator[StatusView]:
     """Views from one streaming probe, forever (the caller stops). A dropped connection yields the
     last view marked "reconnecting", then reconnects with backoff and resumes at the last log offset.
@@ -82,8 +80,7 @@ def watch(connect: Callable[[], Target], run: str | None = None, *, interval: fl
                                            require_run=False, events=True, xid=True)
                     if doc.run is None:
                         raise _no_run(target.host, run)
-                    w = Watcher(target.host.name, thresholds or host_thresholds(target.host), live=True,
-                                scanner=LogScanner(host_progress(target.host)))
+                    w = judging.watcher(target.host.name, judge or target.host.judge, live=True)
                     yield with_events(w.update(doc), doc)
                 for doc in probe.probe_stream(target, target.host.workspace, w.run_id, w.next_offset, interval,
                                               log_max=log_max, log_inode=w.inode, events=True,
@@ -130,14 +127,14 @@ class HostLine:
         return {"host": self.host, "error": None, **self.view.to_record()}
 
 
-def status_all(hosts: list[Host], connect: Callable[[Host], Target], *, thresholds: Thresholds | None = None,
+def status_all(hosts: list[Host], connect: Callable[[Host], Target], *, judge: JudgeSettings | None = None,
                workers: int = 16, deadline_s: float = HOST_DEADLINE_S) -> list[HostLine]:
     """Every host at once, one connection each, in the order given; a host that does not answer within
     deadline_s is a row saying so, and the others do not wait for it."""
     def one(host: Host) -> HostLine:
         try:
             with connect(host) as target:
-                v = status_once(target, None, thresholds=thresholds, log_max=64 << 10)
+                v = status_once(target, None, judge=judge, log_max=64 << 10)
             return HostLine(host.name, v, exit_code=v.exit_code)
         except DflashError as e:
             return HostLine(host.name, error=e.message, exit_code=int(e.exit_code))

@@ -6,8 +6,8 @@ then starts the next attempt in a new run directory (agent/launcher.py `relaunch
 from __future__ import annotations
 
 from dflashctl.analysis.watcher import StatusView
+from dflashctl.analysis.watchspec import Restart
 from dflashctl.model import Verdict
-from dflashctl.sentinel.spec import Restart
 
 
 def ending_kind(view: StatusView, exit_code: int | None) -> str | None:

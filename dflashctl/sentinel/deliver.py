@@ -25,7 +25,7 @@ from typing import Any
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlsplit
 
-from dflashctl.sentinel.spec import NotifyTarget
+from dflashctl.analysis.watchspec import NotifyTarget
 
 URGENT_KINDS = ("worker-crashed", "policy", "stalled")
 FAILED_VERDICTS = ("crashed", "lost", "stopped")

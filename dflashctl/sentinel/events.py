@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from dflashctl.analysis.events import EVENTS_FILE, Event, read_events  # noqa: F401  (the records; re-exported)
 from dflashctl.analysis.verdict import EndWatch, ProcessState
+from dflashctl.analysis.watchspec import Policy
 from dflashctl.model import GpuFinding, Signature, SignatureHit, ThreadState, Verdict
-from dflashctl.sentinel.spec import Policy
 
 if TYPE_CHECKING:
     from dflashctl.analysis.watcher import StatusView

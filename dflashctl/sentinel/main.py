@@ -27,16 +27,14 @@ from dflashctl.agent.lib.reaping import end_group
 from dflashctl.agent.probe.gpus import GpuReader
 from dflashctl.agent.probe.main import parse_args, report
 from dflashctl.agent.stacks import capture
-from dflashctl.analysis.health import Thresholds
-from dflashctl.analysis.logscan import LogScanner
-from dflashctl.analysis.progress import custom
-from dflashctl.analysis.watcher import StatusView, Watcher
+from dflashctl.analysis import judging
+from dflashctl.analysis.watcher import StatusView
+from dflashctl.analysis.watchspec import SentinelSpec
 from dflashctl.report import parse_report
 from dflashctl.sentinel.chain import restart_why
 from dflashctl.sentinel.events import EVENTS_FILE, Event, EventTracker
 from dflashctl.sentinel.notify import Notifier
 from dflashctl.sentinel.policy import Decision, PolicyState
-from dflashctl.sentinel.spec import SentinelSpec
 
 END_WAIT_S = 8.0  # the supervisor waits this long for the sentinel's end (exit_code waits on it)
 FLUSH_S = 5.0  # of which the last notifications may take this long
@@ -48,11 +46,9 @@ class Sentinel:
     def __init__(self, run_dir: str, run_id: str, spec: SentinelSpec) -> None:
         self.run_dir, self.run_id, self.spec = run_dir, run_id, spec
         self.workspace = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
-        thresholds = Thresholds() if spec.stall_window_s is None else Thresholds(stall_window_s=spec.stall_window_s)
-        self.watcher = Watcher(spec.host, thresholds, live=True, scanner=LogScanner(
-            custom(spec.progress_regex) if spec.progress_regex else None))
+        self.watcher = judging.watcher(spec.host, spec.judge, live=True)  # as `status --watch` judges it
         self.tracker = EventTracker(run_id, policy=spec.policy)
-        self.policy = PolicyState(spec.policy, thresholds)
+        self.policy = PolicyState(spec.policy, judging.thresholds(spec.judge))
         self.notifier = Notifier(spec.targets, spec.kinds, spec.host, on_failure=self._delivery_failed,
                                  gather_s=spec.gather_s, min_gap_s=spec.min_gap_s)
         self.offset: int | None = 0

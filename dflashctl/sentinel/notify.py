@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dflashctl.analysis.watchspec import NotifyTarget
 from dflashctl.sentinel.deliver import FAILED_VERDICTS, DeliveryError, deliver, one_line, text_of
 from dflashctl.sentinel.events import Event
-from dflashctl.sentinel.spec import NotifyTarget
 
 __all__ = ["DEADLINE_ERROR", "MAX_LISTED", "SEVERITY", "DeliveryError", "Notifier", "NotifyStats", "compose",
            "deliver", "ended_badly", "select", "severity", "text_of"]

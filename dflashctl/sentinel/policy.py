@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dflashctl.analysis.health import Thresholds
+from dflashctl.analysis.watchspec import Policy
 from dflashctl.sentinel.events import Event, fmt_duration, gpus_label, one_line
-from dflashctl.sentinel.spec import Policy
 
 if TYPE_CHECKING:
     from dflashctl.analysis.watcher import StatusView

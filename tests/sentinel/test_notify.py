@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from harness.poll import wait_until
 
+from dflashctl.analysis.watchspec import NOTIFIABLE, NotifyTarget
 from dflashctl.sentinel.events import Event
 from dflashctl.sentinel.notify import (
     DEADLINE_ERROR,
@@ -32,7 +33,6 @@ from dflashctl.sentinel.notify import (
     select,
     text_of,
 )
-from dflashctl.sentinel.spec import NOTIFIABLE, NotifyTarget
 
 OOM = {"id": "cuda-oom", "summary": "CUDA out of memory", "remedy": "lower --batch-size or enable checkpointing"}
 

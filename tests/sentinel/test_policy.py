@@ -3,8 +3,8 @@ views `status` judges; each rule at its limit and not before, and at most once."
 
 from __future__ import annotations
 
+from dflashctl.analysis.watchspec import IdleLimit, Policy
 from dflashctl.sentinel.policy import Decision, PolicyState, limit_spelling
-from dflashctl.sentinel.spec import IdleLimit, Policy
 
 from .test_events import BUSY, IDLE, Run, smi, steps, thread_oom
 

@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from dflashctl.errors import ConfigError, ExitCode
-from dflashctl.sentinel.spec import (
+from dflashctl.analysis.watchspec import (
     DEFAULT_NOTIFY,
     NOTIFIABLE,
     IdleLimit,
@@ -23,6 +22,8 @@ from dflashctl.sentinel.spec import (
     parse_target,
     parse_worker_policy,
 )
+from dflashctl.errors import ConfigError, ExitCode
+from dflashctl.model import JudgeSettings
 
 
 def refused(fn, *args, **kwargs) -> str:  # noqa: ANN001 - any of the parsers
@@ -165,7 +166,7 @@ def test_a_sentinel_spec_crosses_launch_json_intact() -> None:
         policy=Policy(on_worker_failure="stop", idle_limit=parse_idle_limit("5%@30m"), stall_limit_s=900.0),
         restart=parse_restart("crashed,stalled", 3, "1m"),
         interval_s=2.0, gpu_interval_s=10.0, gather_s=0.5, min_gap_s=120.0, attempt=2,
-        progress_regex=r"^it (?P<step>\d+) loss (?P<loss>[\d.]+)",
+        judge=JudgeSettings(stall_window_s=240.0, progress_regex=r"^it (?P<step>\d+) loss (?P<loss>[\d.]+)"),
     )
     assert SentinelSpec.from_record(json.loads(json.dumps(spec.to_record()))) == spec
     plain = SentinelSpec("pve1")  # report only: no targets, no policy, no restart

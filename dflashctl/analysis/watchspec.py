@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from dflashctl.errors import ConfigError
+from dflashctl.model import JudgeSettings
 
 # What the sentinel writes to <run>/events.jsonl. `sentinel` (it started watching) and `notify-failed` (a delivery
 # that gave up) are records of the sentinel itself, never notified.
@@ -244,8 +245,7 @@ class SentinelSpec:
     # whose tracebacks straddle one of the sentinel's reads is still one message)
     min_gap_s: float = 60.0  # after a message, further events wait this long and go out as one (rate limit)
     attempt: int = 1  # which attempt of its launch this run is (restarts count up)
-    progress_regex: str | None = None  # the host's own progress format (hosts.toml `progress_regex`)
-    stall_window_s: float | None = None  # the host's `stall_window` (None: analysis.health's default)
+    judge: JudgeSettings = JudgeSettings()  # the host's judge settings (hosts.toml), as `status` uses them
 
     def to_record(self) -> dict[str, Any]:
         p = self.policy
@@ -257,8 +257,7 @@ class SentinelSpec:
                        "stall_limit_s": p.stall_limit_s},
             "restart": None if self.restart is None else self.restart.to_record(),
             "interval_s": self.interval_s, "gpu_interval_s": self.gpu_interval_s, "gather_s": self.gather_s,
-            "min_gap_s": self.min_gap_s, "attempt": self.attempt, "progress_regex": self.progress_regex,
-            "stall_window_s": self.stall_window_s,
+            "min_gap_s": self.min_gap_s, "attempt": self.attempt, "judge": self.judge.to_record(),
         }
 
     @classmethod
@@ -276,6 +275,5 @@ class SentinelSpec:
             restart=None if not restart else Restart.from_record(restart),
             interval_s=float(d.get("interval_s", 1.0)), gpu_interval_s=float(d.get("gpu_interval_s", 5.0)),
             gather_s=float(d.get("gather_s", 2.0)), min_gap_s=float(d.get("min_gap_s", 60.0)),
-            attempt=int(d.get("attempt", 1)), progress_regex=d.get("progress_regex"),
-            stall_window_s=None if d.get("stall_window_s") is None else float(d["stall_window_s"]),
+            attempt=int(d.get("attempt", 1)), judge=JudgeSettings.from_record(d.get("judge")),
         )

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dflashctl.analysis import watchspec as spec
 from dflashctl.errors import ConfigError
-from dflashctl.sentinel import spec
 
 NOTIFY_KEYS = ("webhook", "slack", "ntfy", "command", "events", "min_gap")
 
