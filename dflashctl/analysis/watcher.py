@@ -22,6 +22,10 @@ from dflashctl.analysis.verdict import EndWatch, ProcessState
 from dflashctl.model import GpuReport, Verdict
 from dflashctl.report import ProbeReport, RunRecord
 
+# How a watch ends when its run is gone (not a verdict of the run: of the watch), and the exit code of each
+# (DESIGN §5: run or host not found 102; a host key mismatch 2). docs/usage.md, "When a watch ends".
+RUN_GONE, RUN_REPLACED, CONTAINER_GONE, HOST_REPLACED = "run-gone", "run-replaced", "container-gone", "host-replaced"
+GONE_EXIT_CODES = {RUN_GONE: 102, RUN_REPLACED: 102, CONTAINER_GONE: 102, HOST_REPLACED: 2}
 HISTORY = 120  # GPU sweeps kept (the judge's window), and report intervals of each GPU's series (the watch's view)
 
 
@@ -45,6 +49,8 @@ class StatusView:
     events: list[dict[str, Any]] = field(default_factory=list)  # the sentinel's timeline (events.jsonl records)
     restart_pending: bool = False  # ended, and its sentinel asked for another attempt (restart.json)
     stacks: dict[str, Any] | None = None  # the sentinel's newest stall capture: {"path", "time", "reason", "processes"}
+    gone: str | None = None  # the watch ended because its run is gone: a GONE_EXIT_CODES key
+    gone_why: str | None = None  # that, in one line
 
     @property
     def run_id(self) -> str | None:
@@ -52,7 +58,7 @@ class StatusView:
 
     @property
     def exit_code(self) -> int:
-        return self.health.exit_code
+        return GONE_EXIT_CODES[self.gone] if self.gone else self.health.exit_code
 
     def to_record(self) -> dict[str, Any]:
         rec = {
@@ -80,12 +86,22 @@ class StatusView:
         rec["gpus"] = [dict(g, history=h.history, series={k: [None if x is None else list(x) for x in xs]
                                                           for k, xs in h.series.items()})
                        for g, h in zip(rec["gpus"], self.health.gpus, strict=True)]
+        if self.gone:
+            rec.update(verdict=self.gone, reasons=[self.gone_why, *rec["reasons"]])
         return rec
 
 
 def _step(progress: dict[str, float]) -> int | None:
     step = progress.get("step") if progress else None
     return int(step) if step is not None else None
+
+
+def gone_text(kind: str, host: str, run_id: str, detail: str = "") -> str:
+    """The one line a watch or a follow ends with when its run is gone (GONE_EXIT_CODES' kinds)."""
+    return {RUN_GONE: f"run {run_id} is gone from {host}: its run directory was deleted",
+            RUN_REPLACED: f"run {run_id} on {host} was replaced by another run of the same id ({detail})",
+            CONTAINER_GONE: f"run {run_id} can no longer be watched: {detail}",
+            HOST_REPLACED: f"run {run_id} can no longer be watched: {detail}"}[kind]
 
 
 def stopped_why(run: RunRecord) -> str | None:
@@ -224,6 +240,23 @@ class Watcher:
         reduced = reduce_interval(sw.samples for sw in sweeps)
         for i in sorted(set(reduced) | set(self.series)):
             self.series.setdefault(i, GpuSeries()).add(reduced.get(i))
+
+    def gone_from(self, doc: ProbeReport, host: str) -> tuple[str, str] | None:
+        """(GONE key, one line) when this report says the run watched so far is no more: its directory deleted
+        (the probe finds no run by that id) or replaced by another run of the same id (another group leader)."""
+        if self.last is None or self.run_id is None:
+            return None
+        if doc.run is None:
+            return RUN_GONE, gone_text(RUN_GONE, host, self.run_id)
+        before = self.last.run.pid if self.last.run else None
+        if doc.run.id == self.run_id and None not in (before, doc.run.pid) and doc.run.pid != before:
+            return RUN_REPLACED, gone_text(RUN_REPLACED, host, self.run_id, f"pid {before} → {doc.run.pid}")
+        return None
+
+    def gone(self, kind: str, why: str) -> StatusView:
+        """The last view, marked as the watch's end: kind is a GONE_EXIT_CODES key."""
+        assert self.last is not None
+        return dataclasses.replace(self.last, gone=kind, gone_why=why, reconnecting=None, settling=False)
 
     def reconnecting(self, why: str) -> StatusView | None:
         """The last view, marked as waiting for the connection to come back."""

@@ -2,7 +2,8 @@
 
 A terminal gets the view redrawn in place (rich Live on the real Console: Live enters and measures it); a pipe gets
 the final view printed once, 160 columns wide and unwrapped; `--json` gets one JSON line per view. Ctrl-C ends the
-watch with 0, else the exit code is the last view's.
+watch with 0, else the exit code is the last view's; a view whose run is gone (StatusView.gone: deleted, replaced,
+its container or host) ends it with that one line on stderr.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from dflashctl.cli.common import Exit, console, print_json, rich_console
+from dflashctl.cli.common import Exit, console, error, print_json, rich_console
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -59,4 +60,7 @@ def watch_loop(views: Generator[V, None, None], render: Callable[[V], Renderable
     finally:
         views.close()
         console.width = saved_width
+    gone = getattr(last, "gone_why", None)
+    if gone:  # the run is gone (deleted, replaced, its container or host): say why, in one line
+        error(gone)
     raise Exit(last.exit_code if last is not None else 0)

@@ -10,6 +10,7 @@ from dflashctl.analysis import logscan
 from dflashctl.analysis.judging import progress_pattern
 from dflashctl.analysis.safe_names import safe_name
 from dflashctl.analysis.verdict import EndWatch
+from dflashctl.analysis.watcher import RUN_GONE, gone_text
 from dflashctl.analysis.workers import WorkerFailure
 from dflashctl.commands.runlookup import RunInfo, run_from_probe
 from dflashctl.commands.runs import get_run
@@ -55,8 +56,7 @@ def _get_run(target: Target, run: str | None, **kw: Any) -> tuple[RunInfo, Probe
 
 def gone(host: str, run_id: str) -> NotFound:
     """A run whose directory disappeared while it was followed or watched (exit 102, as an unknown run)."""
-    return NotFound(f"run {run_id} is gone from {host}: its run directory was deleted",
-                    hint="list what is left with `dflashctl runs`")
+    return NotFound(gone_text(RUN_GONE, host, run_id), hint="list what is left with `dflashctl runs`")
 
 
 def events(target: Target, run: str | None) -> Timeline:

@@ -16,10 +16,18 @@ from typing import Any
 from dflashctl.analysis import judging
 from dflashctl.analysis.events import read_events
 from dflashctl.analysis.stacks import processes_from_capture
-from dflashctl.analysis.watcher import StatusView, Watcher
+from dflashctl.analysis.watcher import CONTAINER_GONE, HOST_REPLACED, StatusView, Watcher, gone_text
 from dflashctl.commands.fanout import HOST_DEADLINE_S, fan_out
 from dflashctl.commands.waiting import next_attempt
-from dflashctl.errors import ConnectFailed, DflashError, ExitCode, NotFound, RemoteTimeout
+from dflashctl.errors import (
+    ConnectFailed,
+    ContainerNotRunning,
+    DflashError,
+    ExitCode,
+    HostKeyError,
+    NotFound,
+    RemoteTimeout,
+)
 from dflashctl.model import Host, JudgeSettings
 from dflashctl.remote import probe
 from dflashctl.remote.target import Target
@@ -86,6 +94,10 @@ def watch(connect: Callable[[], Target], run: str | None = None, *, interval: fl
                                               log_max=log_max, log_inode=w.inode, events=True,
                                               gpu_interval=gpu_interval):
                     failures = 0
+                    ended = w.gone_from(doc, target.host.name)
+                    if ended is not None:  # its directory deleted or replaced: nothing more to watch
+                        yield w.gone(*ended)
+                        return
                     view = with_events(w.update(doc), doc)
                     if view.restart_pending:
                         nxt = next_attempt(target, view.run)
@@ -98,6 +110,11 @@ def watch(connect: Callable[[], Target], run: str | None = None, *, interval: fl
                 else:
                     raise ConnectFailed(f"host {target.host.name}: the watch probe ended")
             except DflashError as e:
+                ended = _watch_gone(connect, e) if w is not None and w.last is not None else None
+                if w is not None and ended is not None:
+                    kind = HOST_REPLACED if isinstance(ended, HostKeyError) else CONTAINER_GONE
+                    yield w.gone(kind, gone_text(kind, target.host.name, w.run_id or "?", ended.message))
+                    return  # the container stopped or destroyed, or another machine answers: the watch ends
                 if w is None or not isinstance(e, ConnectFailed | RemoteTimeout):
                     raise  # nothing to resume, or not a connection problem (a missing run, bad auth)
                 view = w.reconnecting(e.message) if w is not None else None
@@ -110,6 +127,25 @@ def watch(connect: Callable[[], Target], run: str | None = None, *, interval: fl
                 target = connect()
     finally:
         target.close()
+
+
+def _watch_gone(connect: Callable[[], Target], e: DflashError) -> DflashError | None:
+    """The error that ends a watch for good, or None: another machine answers (host key changed), or the container
+    is stopped or destroyed — said by the error itself, or, for a probe that ended without a report, by asking the
+    container's state afresh (a container being stopped can end a stream before `pct exec` refuses)."""
+    if isinstance(e, HostKeyError | ContainerNotRunning):
+        return e
+    if isinstance(e, ConnectFailed | RemoteTimeout):
+        return None  # the connection: reconnect
+    try:
+        with connect() as t:
+            if t.host.container is not None:
+                t.ensure_running()
+    except (ContainerNotRunning, NotFound, HostKeyError) as state:
+        return state
+    except DflashError:
+        return None
+    return None
 
 
 @dataclass

@@ -14,8 +14,9 @@ from typing import Any, Literal
 
 from dflashctl.analysis.progress import is_training_step
 from dflashctl.analysis.verdict import EndWatch
+from dflashctl.analysis.watcher import RUN_GONE, gone_text
 from dflashctl.commands.runlookup import RunInfo, run_from_probe
-from dflashctl.errors import DflashError, ExitCode
+from dflashctl.errors import DflashError, ExitCode, NotFound
 from dflashctl.remote import probe
 from dflashctl.remote.target import Target
 from dflashctl.report import RunRecord
@@ -178,7 +179,9 @@ def wait(target: Target, run_id: str, what: WaitFor, timeout_s: float | None,
     try:
         while True:
             for doc in stream:
-                assert doc.run is not None  # the stream is for one named run: the probe reports it
+                if doc.run is None:  # the stream is for one named run: its directory was deleted meanwhile
+                    raise NotFound(gone_text(RUN_GONE, target.host.name, run_id),
+                                   hint="list what is left with `dflashctl runs`")
                 info = run_from_probe(doc.run)
                 data = doc.log_data
                 if on_log and data:
