@@ -1,5 +1,6 @@
-"""The sentinel's keys in hosts.toml, read with the parsers the launch flags go through (spec.py), so a value that
-`launch --idle-limit` refuses is refused in the file too — with the key named (config.py adds file and line).
+"""The sentinel's keys in hosts.toml, read with the parsers the launch flags go through (analysis/watchspec.py), so
+a value that `launch --idle-limit` refuses is refused in the file too — with the key named (config.py adds file and
+line). `stall_window` comes back as stall_window_s, which config.py puts into the host's JudgeSettings.
 
     [hosts.pve1]
     on_worker_failure = "stop"          # or "keep"

@@ -116,7 +116,7 @@ class HostProc:
     def zombie(self) -> bool:
         return self.role == EARLIER
 
-    def to_json(self) -> dict[str, Any]:
+    def to_record(self) -> dict[str, Any]:
         return {"pid": self.pid, "gpu": self.gpu, "gpu_uuid": self.gpu_uuid, "container": self.container,
                 "ns_pid": self.ns_pid, "user": self.user, "used_memory_mib": self.used_memory_mib,
                 "cmdline": self.cmdline, "run_id": self.run_id, "run": self.role, "zombie": self.zombie,
@@ -141,13 +141,13 @@ class HostGpu:
     def others_mib(self) -> float:
         return sum(p.used_memory_mib or 0.0 for p in self.procs if p.role != CURRENT)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_record(self) -> dict[str, Any]:
         s = self.sample
         return {"index": s.index, "uuid": s.uuid, "name": s.name, "memory_used_mib": s.memory_used_mib,
                 "memory_total_mib": s.memory_total_mib, "utilization_pct": s.utilization_pct, "power_w": s.power_w,
                 "temperature_c": self.temperature_c, "finding": str(self.finding) if self.finding else None,
                 "health": self.health, "remedy": self.remedy, "ours_mib": self.ours_mib,
-                "others_mib": self.others_mib, "processes": [p.to_json() for p in self.procs]}
+                "others_mib": self.others_mib, "processes": [p.to_record() for p in self.procs]}
 
 
 @dataclass
@@ -166,10 +166,10 @@ class HostView:
     def procs(self) -> list[HostProc]:
         return [p for g in self.gpus for p in g.procs] + self.unplaced
 
-    def to_json(self) -> dict[str, Any]:
+    def to_record(self) -> dict[str, Any]:
         return {"schema": 1, "host": self.host, "seen_from": self.seen_from, "container": self.container,
-                "current_run": self.runs.current, "time": self.time, "gpus": [g.to_json() for g in self.gpus],
-                "unplaced": [p.to_json() for p in self.unplaced], "notes": self.notes}
+                "current_run": self.runs.current, "time": self.time, "gpus": [g.to_record() for g in self.gpus],
+                "unplaced": [p.to_record() for p in self.unplaced], "notes": self.notes}
 
 
 def role_of(run_id: str | None, container: str | None, ours: str | None, runs: Runs) -> str:

@@ -1,6 +1,8 @@
-"""What a run's sentinel is told to do: where to send notifications, on which events, the failure policy and the
-restart rule — parsed and checked on the laptop before anything is launched, carried in the run's launch.json as
-a plain dict, read back in the container.
+"""What a run's sentinel is told to do: where to send notifications, on which events, the failure policy, the
+restart rule and how to judge (JudgeSettings) — parsed and checked on the laptop before anything is launched
+(config.py through hostkeys.py, the launch flags through commands/sentinel.py), carried in the run's launch.json as
+a plain dict (SentinelSpec.to_record), read back in the container (from_record). Here, not in sentinel/, so that
+reading hosts.toml never imports the sentinel program.
 
 Pure (no I/O): every malformed value is a ConfigError (exit 2) with one line that says what is wrong and what to
 write instead. The CLI flags (`--notify`, `--notify-on`, `--idle-limit`, …) and hosts.toml (`[hosts.X.notify]`,

@@ -50,7 +50,7 @@ def gpus_cmd(
         if not watch:
             view = gpus.snapshot(target)
             if json_out:
-                print_json(view.to_json())
+                print_json(view.to_record())
             else:
                 from dflashctl.cli.common import show
                 from dflashctl.cli.gpusview import render_table
@@ -62,7 +62,7 @@ def gpus_cmd(
         try:
             if json_out:
                 for view in shown:
-                    print_json(view.to_json())
+                    print_json(view.to_record())
             elif console.is_terminal:
                 from dflashctl.cli.gpustui import run_tui
 

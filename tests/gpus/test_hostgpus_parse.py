@@ -108,7 +108,7 @@ def test_view_places_processes_and_splits_memory_ours_against_others():
                                                                          (9002, "201", 7, "none")]
     assert g0.procs[0].user == "uid 100000"  # an unprivileged container's root, as the host names it
     assert share(view, [0]) == {0: (70000.0, 10000.0)}
-    assert view.to_json()["gpus"][0]["processes"][1]["remedy"] == "not ours: ask the owner of container 201"
+    assert view.to_record()["gpus"][0]["processes"][1]["remedy"] == "not ours: ask the owner of container 201"
 
 
 def test_view_from_inside_a_container_says_what_it_cannot_see():
