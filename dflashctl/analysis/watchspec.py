@@ -277,5 +277,6 @@ class SentinelSpec:
             restart=None if not restart else Restart.from_record(restart),
             interval_s=float(d.get("interval_s", 1.0)), gpu_interval_s=float(d.get("gpu_interval_s", 5.0)),
             gather_s=float(d.get("gather_s", 2.0)), min_gap_s=float(d.get("min_gap_s", 60.0)),
-            attempt=int(d.get("attempt", 1)), judge=JudgeSettings.from_record(d.get("judge")),
+            attempt=int(d.get("attempt", 1)),
+            judge=JudgeSettings.from_record(d.get("judge") or dict(d)),  # a spec from before: its keys at the top
         )

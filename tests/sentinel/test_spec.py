@@ -178,3 +178,8 @@ def test_an_empty_sentinel_record_reads_as_report_only() -> None:
     spec = SentinelSpec.from_record({})
     assert spec.host == "?" and spec.targets == () and spec.kinds == DEFAULT_NOTIFY and spec.restart is None
     assert spec.policy == Policy()
+
+
+def test_a_spec_written_before_judge_settings_keeps_its_window_and_regex() -> None:
+    old = {"host": "pve1", "stall_window_s": 120.0, "progress_regex": r"it (?P<step>\d+)"}
+    assert SentinelSpec.from_record(old).judge == JudgeSettings(120.0, r"it (?P<step>\d+)")
