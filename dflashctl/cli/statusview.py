@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from dflashctl.analysis.cause import cause_of
 from dflashctl.analysis.gpuwindow import STALL_SHAPES
 from dflashctl.cli.common import age, console
 from dflashctl.cli.gpuhealth import health_cell, render_gpu_health
@@ -100,11 +101,24 @@ def _header(title: str, health: Health, extra: list[str], ended: str | None) -> 
     return t
 
 
+def _cause(health: Health) -> list[Text]:
+    """The cause first (issue 28): signature and remedy, the worker that failed first, its traceback's last lines."""
+    cause = cause_of(health)
+    if cause is None:
+        return []
+    out = []
+    for ln in cause.lines():
+        style = "bold red" if ln.startswith("cause:") else "dim" if ln.startswith("  |") else "bold" \
+            if ln.startswith("in:") else ""
+        out.append(Text(ln, style=style))
+    return out
+
+
 def render(title: str, health: Health, *, extra: list[str] = (), history: bool = False,
            notes: list[str] = (), ended: str | None = None, gpu_note: str | None = None) -> RenderableType:
     """The whole view: header, why, threads, GPUs, diagnoses. Used by status, --watch and diagnose.
     gpu_note: one line in the GPU section when there are no readings (why there are none)."""
-    parts: list[RenderableType] = [_header(title, health, list(extra), ended)]
+    parts: list[RenderableType] = [_header(title, health, list(extra), ended), *_cause(health)]
     for note in notes:
         parts.append(Text(note, style="bold magenta"))
     for i, reason in enumerate(health.reasons):  # why the verdict: labelled, one reason a line, aligned

@@ -43,12 +43,15 @@ def one_line(text: object, limit: int = _ERROR_CHARS) -> str:
 
 
 def text_of(payload: Mapping[str, Any]) -> str:
-    """The few lines a person reads (Slack, ntfy): what happened, what to do, how to look further."""
-    lines = [str(payload.get("title") or payload.get("kind") or "event")]
+    """The few lines a person reads (Slack, ntfy): the cause first (signature, worker, traceback tail, what to do;
+    issue 28), then what happened, how to look further."""
+    cause = [str(x) for x in payload.get("cause") or ()]
+    title = str(payload.get("title") or payload.get("kind") or "event")
+    lines = [*cause, title]
     message = payload.get("message")
-    if message and message != lines[0]:
+    if message and message != title:
         lines.append(str(message))
-    if payload.get("remedy"):
+    if payload.get("remedy") and not any(x.startswith("what to do:") for x in cause):
         lines.append(f"remedy: {payload['remedy']}")
     more = int(payload.get("count") or 1) - 1
     if more > 0:

@@ -7,7 +7,9 @@ that moment, "message": one line for a person, …kind's own fields}. Kind field
   first-step      {"step"}                                     once: progress first shows a step
   verdict         {"from", "to", "reasons"}                    each change (not for the first view)
   worker-crashed  {"worker", "exception" | None, "exception_message" | None,
-                   "signature": {"id", "summary", "remedy"} | None}   once per crashed thread or rank
+                   "signature": {"id", "summary", "remedy"} | None,
+                   "first": the root cause of several, "traceback_tail": [its last lines]}   once per crashed
+                                                               thread or rank
   stalled         {"reasons", "seconds_since_progress", "stall_shape": "idle-held" | "spinning" | None,
                    "stall_remedy"}                              each time the verdict becomes stalled, and again
                                                                when the GPUs show its shape
@@ -31,6 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dflashctl.analysis.cause import tail_lines
 from dflashctl.analysis.events import EVENTS_FILE, Event, read_events  # noqa: F401  (the records; re-exported)
 from dflashctl.analysis.verdict import EndWatch, ProcessState
 from dflashctl.analysis.watchspec import Policy
@@ -216,7 +219,8 @@ class EventTracker:
                 carried.add(hit.signature.id)
             message = one_line(_crash_line(w)) + self._consequence(kind, h.verdict)
             emit("worker-crashed", message, worker=w.name, exception=w.exception, exception_message=w.message,
-                 signature=None if hit is None else signature_record(hit.signature))
+                 signature=None if hit is None else signature_record(hit.signature),
+                 first=w.name == h.root_cause and len(crashed) > 1, traceback_tail=list(tail_lines(w.traceback)))
         return carried, waiting - carried
 
     def _consequence(self, kind: str, verdict: Verdict) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dflashctl.analysis.cause import cause_lines
 from dflashctl.analysis.watchspec import NotifyTarget
 from dflashctl.sentinel.deliver import FAILED_VERDICTS, DeliveryError, deliver, one_line, text_of
 from dflashctl.sentinel.events import Event
@@ -83,6 +84,19 @@ def _what(event: Event, batch: Sequence[Event]) -> str:
     return kind
 
 
+def _cause(head: Event, crash: Event | None, sig: dict[str, Any] | None) -> list[str]:
+    """The cause lines every message starts with (issue 28): signature and remedy, the worker that failed first,
+    the last lines of its traceback (analysis/cause.py says them the same way `status` does)."""
+    d = crash.data if crash is not None else {}
+    if sig is None and head.kind == "stalled" and head.data.get("stall_shape"):
+        sig = {"id": f"stall: {head.data['stall_shape']}", "summary": None, "remedy": head.data.get("stall_remedy")}
+    exception = ": ".join(str(x) for x in (d.get("exception"), d.get("exception_message")) if x) or None
+    tail = [str(x) for x in d.get("traceback_tail") or ()]
+    return cause_lines(None if sig is None else sig["id"], None if sig is None else sig.get("summary"),
+                       None if sig is None else sig.get("remedy"), d.get("worker"), bool(d.get("first")),
+                       None if exception is None else one_line(exception), tail)
+
+
 def compose(events: Sequence[Event], host: str, suppressed: int = 0) -> dict[str, Any]:
     """The payload of one message about `events` (in the order they happened). Its headline is the most severe
     event (the first of equals); `suppressed` counts events folded into this message but not listed."""
@@ -94,6 +108,7 @@ def compose(events: Sequence[Event], host: str, suppressed: int = 0) -> dict[str
     crash = head if head.data.get("worker") else next((e for e in events if e.data.get("worker")), None)
     run = head.run or latest.run
     return {
+        "cause": _cause(head, crash, sig),
         "host": host, "run": run, "verdict": latest.verdict, "kind": head.kind,
         "title": f"{host} run {run}: {_what(head, events)}", "message": head.message,
         "worker": None if crash is None else crash.data.get("worker"),

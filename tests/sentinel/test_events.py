@@ -134,7 +134,8 @@ def test_a_crashed_worker_whose_traceback_never_comes_is_reported_after_the_hold
     assert "worker-crashed" not in kinds(tr.update(run.look(11.0, header_only)))
     late = tr.update(run.look(11.0 + HOLD_S))
     assert kinds(late) == ["worker-crashed"]
-    assert late[0].data == {"worker": "drafter-3", "exception": None, "exception_message": None, "signature": None}
+    assert late[0].data == {"worker": "drafter-3", "exception": None, "exception_message": None, "signature": None,
+                            "first": False, "traceback_tail": ["Exception in thread drafter-3:"]}
     assert late[0].message == "drafter-3 crashed"
 
 

@@ -205,8 +205,8 @@ def test_compose_heads_with_the_crash_over_the_end_and_borrows_another_events_re
     assert p["command"] == "dflashctl status --host pve1 run-1"
     assert (p["count"], p["suppressed"]) == (3, 0)
     assert p["events"] == [e.to_record() for e in batch]
-    assert set(p) == {"host", "run", "verdict", "kind", "title", "message", "worker", "exception", "signature",
-                      "remedy", "command", "events", "count", "suppressed", "time"}
+    assert set(p) == {"cause", "host", "run", "verdict", "kind", "title", "message", "worker", "exception",
+                      "signature", "remedy", "command", "events", "count", "suppressed", "time"}
 
 
 def test_compose_ranks_a_failed_end_above_a_restart_and_a_clean_end_below_a_verdict_change() -> None:
@@ -219,11 +219,12 @@ def test_compose_ranks_a_failed_end_above_a_restart_and_a_clean_end_below_a_verd
     assert compose([crash(0), crash(1), crash(2)], "h", suppressed=5)["title"].endswith(", +2 more workers")
 
 
-def test_text_of_says_what_happened_what_to_do_and_where_to_look() -> None:
+def test_text_of_says_the_cause_first_then_what_happened_and_where_to_look() -> None:
     lines = text_of(compose([crash(0), crash(1), crash(2)], "pve1", suppressed=2)).splitlines()
-    assert lines == ["pve1 run run-1: drafter-0 crashed (torch.OutOfMemoryError), +2 more workers",
-                     crash(0).message, f"remedy: {OOM['remedy']}", "+4 more events",
-                     "look: dflashctl status --host pve1 run-1"]
+    assert lines == [f"cause: cuda-oom — {OOM['summary']}", "in: drafter-0",
+                     "  | torch.OutOfMemoryError: CUDA out of memory", f"what to do: {OOM['remedy']}",
+                     "pve1 run run-1: drafter-0 crashed (torch.OutOfMemoryError), +2 more workers",
+                     crash(0).message, "+4 more events", "look: dflashctl status --host pve1 run-1"]
 
 
 def test_select_keeps_the_headline_and_the_latest_event() -> None:
