@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from trainer import checkpoint, graph_probe
+from trainer import checkpoint, compile_cache, graph_probe
 from trainer.allreduce import Aborted, AllReduce
 from trainer.compile import (
     CompileCounter,
@@ -160,6 +160,25 @@ class Trainer:
             loss.backward()
             replica.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
+
+    def _warmup_recovering(self) -> float:
+        """`_warmup`, surviving a half-written inductor cache once (trainer/compile_cache.py): the corrupt
+        artefacts are removed from the cache directory, the log says so, and everything compiles again."""
+        try:
+            return self._warmup()
+        except Exception as e:
+            root = compile_cache.cache_dir()
+            failure = compile_cache.diagnose(e, root)
+            if failure is None:
+                raise
+            removed = compile_cache.remove_corrupt(failure, root)
+            emit(compile_cache.recovered_line(failure, removed, root))
+        compile_cache.reset_inprocess()
+        try:
+            return self._warmup()
+        except Exception as e:
+            emit(compile_cache.failed_again_line(e, root))
+            raise
 
     # ---- worker bodies -----------------------------------------------------------------------------------
     def _forward(self, rank: int, item: Work) -> tuple[Tensor, Tensor, Tensor]:
@@ -330,7 +349,7 @@ class Trainer:
         self._phase = "warmup"
         self._beat()
         if rt.compile_strategy == "warmup" and self.start_step < cfg.train.steps:
-            secs = self._warmup()
+            secs = self._warmup_recovering()
             emit(f"warmup done compile_s={secs:.1f} graphs={self.counter.frames()}")
         self.counter.mark_warm()
         self._phase = "training"
