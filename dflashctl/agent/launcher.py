@@ -101,6 +101,7 @@ def start(spec: dict, source: str, *, wait_pid: bool = True) -> dict:
         return {"error": "run-dir", "message": f"run {spec['base_id']} already exists in {spec['runs_dir']}"}
     try:
         run_id, run_dir = mkdir_exclusive(spec["runs_dir"], spec["base_id"])
+        os.chmod(run_dir, 0o700)  # launch.json / launch_spec.json hold --env values and notify URLs (issue 26)
     except (OSError, RuntimeError) as e:
         return {"error": "run-dir", "message": str(e)}
     resumed = take_checkpoint(checkpoint, run_dir, resume) if resume and checkpoint else None
@@ -140,11 +141,13 @@ def start(spec: dict, source: str, *, wait_pid: bool = True) -> dict:
                  json.dumps({"argv": argv, "cwd": cwd, "env": spec.get("env") or {},
                              "what": "program" if exec_mode else "trainer", "sentinel": spec.get("sentinel"),
                              "wait": spec.get("wait")}).encode())
+    os.chmod(os.path.join(run_dir, "launch.json"), 0o600)  # its env values and notify URLs: the owner's only
     write_atomic(os.path.join(run_dir, "launcher.py"), source.encode())
     if spec.get("sentinel_zip_b64"):
         write_atomic(os.path.join(run_dir, "sentinel.pyz"), base64.b64decode(spec["sentinel_zip_b64"]))
     write_atomic(os.path.join(run_dir, SPEC_FILE),
                  json.dumps({k: v for k, v in spec.items() if k not in ("sentinel_zip_b64", "wait")}).encode())
+    os.chmod(os.path.join(run_dir, SPEC_FILE), 0o600)
     log_fd = os.open(os.path.join(run_dir, "train.log"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
     point_latest(spec["runs_dir"], run_id)
 

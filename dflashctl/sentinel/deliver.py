@@ -8,10 +8,16 @@ Proxies: the environment's http(s)_proxy / no_proxy are honoured as urllib does,
 (127.0.0.0/8, ::1, localhost) is always reached directly — a proxy outside the container cannot reach the
 container's own loopback. Redirects: urllib's rules, plus a 307/308 answer to a POST repeats the POST with its body
 (RFC 7538) instead of failing.
+
+A URL with credentials (`https://user:pass@host/…`) works as curl makes it work: they travel as an
+`Authorization: Basic` header (urllib alone would take them for part of the host name), never to another host a
+redirect points at, and `redact` keeps them — and a URL's path and query, which hold Slack's and ntfy's tokens —
+out of every error line (events.jsonl, status, the sentinel's log). Issue 26.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ipaddress
 import json
@@ -23,7 +29,7 @@ from collections.abc import Callable, Mapping
 from http.client import HTTPException
 from typing import Any
 from urllib.error import HTTPError, URLError
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from dflashctl.analysis.watchspec import NotifyTarget
 
@@ -92,6 +98,9 @@ class _RepostOn307(urllib.request.HTTPRedirectHandler):
 
     def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
                          newurl: str) -> urllib.request.Request | None:
+        same_host = urlsplit(newurl).hostname == urlsplit(req.full_url).hostname
+        if not same_host:  # credentials go to the host they were written for, never on (curl's rule)
+            req.remove_header("Authorization")
         if code in (307, 308) and req.get_method() == "POST":
             headers = {k: v for k, v in req.header_items() if k.lower() not in ("host", "content-length")}
             return urllib.request.Request(newurl.replace(" ", "%20"), data=req.data, headers=headers, method="POST",
@@ -99,10 +108,53 @@ class _RepostOn307(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+def credentials(url: str) -> tuple[str, dict[str, str]]:
+    """(url without its `user:password@`, the Authorization header they make; {} when it has none)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, {}
+    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname or ""
+    netloc = host + (f":{parts.port}" if parts.port else "")
+    token = base64.b64encode(f"{unquote(parts.username or '')}:{unquote(parts.password or '')}".encode()).decode()
+    return urlunsplit(parts._replace(netloc=netloc)), {"Authorization": f"Basic {token}"}
+
+
+def where(url: str) -> str:
+    """scheme://host[:port] of a URL: how an error names the place (no credentials, no path, no query)."""
+    parts = urlsplit(url)
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{parts.hostname or ''}{port}"
+
+
+def redact(text: str, target: NotifyTarget) -> str:
+    """text with the secret parts of target's URL (user:password, the password, the path, the query) replaced by
+    `…`: the one rule for every line that shows or logs a notify target's doing (NotifyTarget.label names it)."""
+    if not target.url:
+        return text
+    parts = urlsplit(target.url)
+    userinfo = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
+    for whole in sorted({target.url, credentials(target.url)[0]}, key=len, reverse=True):
+        text = text.replace(whole, where(target.url) + "/…")  # the URL itself: as its label shows it
+    secrets = {userinfo, unquote(userinfo), parts.query, unquote(parts.query),
+               parts.path if parts.path not in ("", "/") else "", unquote(parts.path) if parts.path not in ("", "/")
+               else ""}
+    password = unquote(parts.password or "")
+    if len(password) >= 4:  # a shorter one would blot out ordinary words
+        secrets |= {password, parts.password or ""}
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, "…")
+    return text
+
+
 def post(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> int:
-    """POST body; the 2xx status, else DeliveryError. timeout bounds each connect / read (socket timeout)."""
+    """POST body; the 2xx status, else DeliveryError. timeout bounds each connect / read (socket timeout). A URL's
+    credentials go as an Authorization header; errors name only scheme://host:port."""
     opener = urllib.request.build_opener(_DirectToLoopback(), _RepostOn307())  # per call: reads the env now
-    request = urllib.request.Request(url, data=body, headers=dict(headers), method="POST")
+    url, auth = credentials(url)
+    request = urllib.request.Request(url, data=body, headers={**headers, **auth}, method="POST")
     try:
         with opener.open(request, timeout=timeout) as response:
             response.read(65536)
@@ -114,9 +166,9 @@ def post(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> i
             detail = ""
         raise DeliveryError(f"HTTP {e.code} {e.reason}" + (f": {detail}" if detail else "")) from None
     except URLError as e:
-        raise DeliveryError(one_line(f"cannot reach {urlsplit(url).netloc}: {e.reason}")) from None
+        raise DeliveryError(one_line(f"cannot reach {where(url)}: {e.reason}")) from None
     except (TimeoutError, OSError, HTTPException, ValueError) as e:
-        raise DeliveryError(one_line(f"{urlsplit(url).netloc}: {type(e).__name__}: {e}")) from None
+        raise DeliveryError(one_line(f"{where(url)}: {type(e).__name__}: {e}")) from None
     if not 200 <= status < 300:
         raise DeliveryError(f"HTTP {status}")
     return status

@@ -20,7 +20,7 @@ from typing import Any
 
 from dflashctl.analysis.cause import cause_lines
 from dflashctl.analysis.watchspec import NotifyTarget
-from dflashctl.sentinel.deliver import FAILED_VERDICTS, DeliveryError, deliver, one_line, text_of
+from dflashctl.sentinel.deliver import FAILED_VERDICTS, DeliveryError, deliver, one_line, redact, text_of
 from dflashctl.sentinel.events import Event
 
 __all__ = ["DEADLINE_ERROR", "MAX_LISTED", "SEVERITY", "DeliveryError", "Notifier", "NotifyStats", "compose",
@@ -300,7 +300,7 @@ class Notifier:
             except RuntimeError as e:  # no thread to be had: this delivery fails, the others still go
                 with self._cond:
                     self._stats.running -= 1
-                self._settle(d, one_line(f"cannot start a thread: {e}"))
+                self._settle(d, redact(one_line(f"cannot start a thread: {e}"), d.target))
 
     # --- one delivery: attempts, backoff, the verdict ---
 
@@ -323,7 +323,7 @@ class Notifier:
                 try:
                     deliver(d.target, d.payload, timeout)
                 except Exception as e:
-                    d.last_error = one_line(e) or type(e).__name__
+                    d.last_error = redact(one_line(e), d.target) or type(e).__name__
                     continue
                 self._settle(d, None)
                 return
