@@ -293,7 +293,7 @@ def end_master(m: MasterInfo, timeout: float = 10.0) -> bool:
     """Ask the master to quit (it closes its connection and removes its socket); SIGTERM when it does not answer.
     True when a live master was ended, False when only stale files were left: those are removed, and only those
     (a socket of ours, the info file a master wrote)."""
-    sock = _dial(m.place.sock)
+    sock = _dial(m.place.sock) if wire.fits(m.place) else None  # a socket path too long was never a master's
     ended = False
     if sock is not None:
         try:

@@ -12,7 +12,9 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,16 +53,17 @@ def refused(place: wire.Place) -> str:
 
 
 @pytest.fixture
-def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    s = tmp_path / "st"
-    s.mkdir(mode=0o700)
+def state(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A state dir under a short path: a UNIX socket's name has ~107 bytes (tmp_path under xdist is longer)."""
+    s = Path(tempfile.mkdtemp(prefix="dft-", dir="/tmp"))
     monkeypatch.setenv("DFLASHCTL_STATE_DIR", str(s))
-    return s
+    yield s
+    shutil.rmtree(s, ignore_errors=True)
 
 
 # -- the folder ------------------------------------------------------------------------------------------------------
-def test_a_symlinked_masters_folder_is_refused_and_nothing_in_its_target_is_touched(state: Path, tmp_path: Path):
-    victim = tmp_path / "victim"
+def test_a_symlinked_masters_folder_is_refused_and_nothing_in_its_target_is_touched(state: Path):
+    victim = state / "victim"
     victim.mkdir(mode=0o700)
     precious = {"notes.json": '{"a": 1}', f"{KEY}.json": json.dumps({"pid": 1, "host": "x"}), "other.txt": "x"}
     for name, text in precious.items():
@@ -307,3 +310,17 @@ def test_an_edited_cli_never_talks_to_the_master_of_the_code_before(server: Sshd
     assert second["pid"] != first["pid"] and second["socket"] != first["socket"]
     wait_until(lambda: {m.pid for m in list_masters(fresh_masters)} >= {first["pid"], second["pid"]},
                what="both masters listed")
+
+
+def test_disconnect_in_a_folder_too_deep_for_a_socket_name_ends_nothing_and_says_so(state: Path):
+    deep = state / ("d" * 100)
+    deep.mkdir(mode=0o700)
+    folder = deep / "masters"
+    folder.mkdir(mode=0o700)
+    place = wire.Place(folder, KEY)
+    assert not wire.fits(place)
+    place.info.write_text(json.dumps({"master": wire.PROTOCOL, "pid": 2 ** 22 + 7, "host": "gone",
+                                      "socket": str(place.sock)}))
+    res = cli("hosts", "disconnect", state=deep)
+    assert res.returncode == 0 and "no ssh master was running" in res.stdout, res.stderr
+    assert not place.info.exists()  # the stale info file a master wrote goes; nothing else was there
