@@ -7,8 +7,8 @@ ssh's floor, `pct exec`'s, a container interpreter's, the probe in the container
 and from the compiled-code cache (agent/codecache.py), the Proxmox host's kernel-log side as a second interpreter
 running the whole probe (as before) and as the small xid module (now in-process in hostpair), the laptop side alone
 (parse + judge + print of a recorded reply, a new process), the seed's raw one-liner, the probe (with the host's Xid
-read) through a warm master on fresh channels (a master started with DFLASHCTL_RUNNERS=0) and through its resident
-runners (remote/runnerlink.py), and the whole status with persist = 0 and a warm master with and without runners.
+read) through a warm master (each request a fresh channel of its connection: issue 25 removed the resident runners),
+and the whole status with persist = 0 and through a warm master.
 Rows alternate call by call; each gives the median wall time and the median machine CPU (all processes, /proc/stat:
 sshd and the container are not our children) per call. Needs root and sshd.
 """
@@ -75,8 +75,8 @@ def once(argv: list[str], env: dict[str, str], stdin: bytes | None) -> tuple[flo
 
 def in_process(env: dict[str, str], hosts: dict[str, object], run: str, ct: str,
                calls: int) -> dict[str, list[float]]:
-    """Round trips through the two warm masters from this one process (no process start, no imports in the
-    figure): the probe with the host's Xid read, and `pct exec CT -- python3 -c pass`, alternating call by call."""
+    """Round trips through the warm master from this one process (no process start, no imports in the figure):
+    the probe with the host's Xid read, and `pct exec CT -- python3 -c pass`, alternating call by call."""
     from dflashctl.config import load_inventory
     from dflashctl.remote import connect
     from dflashctl.remote.probe import probe_doc
@@ -122,8 +122,6 @@ def main() -> int:
         xid_only = module_source("probe.xid") + "\nxid_report()\n"
         pct = ["pct", "exec", ct, "--"]
         off, on = hosts_with_persist(pve.hosts_file, 0), hosts_with_persist(pve.hosts_file, 120)
-        chan = hosts_with_persist(pve.hosts_file, 121)  # another master (its own key), started with runners off
-        no_runner = {**env, "DFLASHCTL_HOSTS": str(chan), "DFLASHCTL_RUNNERS": "0"}
         probe = [sys.executable, "-P", "-c", PROBE, run_dir.name]
         status = [str(DFLASHCTL), "status", "--json"]
         mod = [sys.executable, "-P", "-m", "dflashctl", "status", "--json"]  # -P: the tree PYTHONPATH names
@@ -144,11 +142,8 @@ def main() -> int:
                                                                           recorded),
             "raw one-liner (ControlMaster=no)": (raw_oneliner(sshd, pve, run_dir, "-o", "ControlMaster=no"), env,
                                                  None),
-            "probe + host xid through a warm master, fresh channels (runners off)": (probe, no_runner, None),
-            "probe + host xid through a warm master, resident runners": (probe, {**env, "DFLASHCTL_HOSTS": str(on)},
-                                                                         None),
+            "probe + host xid through a warm master": (probe, {**env, "DFLASHCTL_HOSTS": str(on)}, None),
             "dflashctl status --json, persist = 0": (status, {**env, "DFLASHCTL_HOSTS": str(off)}, None),
-            "dflashctl status --json, warm master, runners off": (status, no_runner, None),
             "dflashctl status --json, warm master": (status, {**env, "DFLASHCTL_HOSTS": str(on)}, None),
             "python -m dflashctl status --json, persist = 0": (mod, {**env, "DFLASHCTL_HOSTS": str(off)}, None),
             f"python -m dflashctl status --json, persist = 0, before ({args.before})":
@@ -167,12 +162,11 @@ def main() -> int:
                 dt, dc, _ = once(argv, e, stdin)
                 wall[name].append(dt)
                 cpu[name].append(dc)
-        rounds = in_process(env, {"fresh channels (runners off)": chan, "resident runners": on}, run_dir.name,
-                            ct, args.calls * 2)
+        rounds = in_process(env, {"warm master": on}, run_dir.name, ct, args.calls * 2)
         imports = subprocess.run([sys.executable, "-X", "importtime", "-c", "import dflashctl.cli.status"],
                                  capture_output=True, env=env, check=True).stderr.decode().splitlines()
         shutil.rmtree(old, ignore_errors=True)
-        for hosts in (on, chan):
+        for hosts in (on,):
             subprocess.run([str(DFLASHCTL), "hosts", "disconnect"], env={**env, "DFLASHCTL_HOSTS": str(hosts)},
                            capture_output=True, timeout=60, check=False)
     times = [line.split(":", 1)[1].split("|") for line in imports if line.startswith("import time:")]
@@ -189,13 +183,11 @@ def main() -> int:
     for name in rows:
         out.append(f"| {name} | {statistics.median(wall[name]) * 1000:.0f} ms | "
                    f"{statistics.median(cpu[name]) * 1000:.0f} ms | {statistics.median(wall[name]) / raw:.2f}x |")
-    out += ["", f"Round trips through the two warm masters from one process (no process start or import in the "
+    out += ["", f"Round trips through the warm master from one process (no process start or import in the "
             f"figure), {args.calls * 2} calls each, alternating:", "",
-            "| round trip | median wall | / fresh channels |", "|---|---:|---:|"]
+            "| round trip | median wall |", "|---|---:|"]
     for name, got in rounds.items():
-        base = rounds[name.rsplit(", ", 1)[0] + ", fresh channels (runners off)"]
-        out.append(f"| {name} | {statistics.median(got) * 1000:.1f} ms | "
-                   f"{statistics.median(got) / statistics.median(base):.2f}x |")
+        out.append(f"| {name} | {statistics.median(got) * 1000:.1f} ms |")
     out += ["", f"`python -X importtime -c 'import dflashctl.cli.status'`: {total_us / 1000:.0f} ms self time in all; "
             "the largest cumulative: " + ", ".join(f"{name} {us / 1000:.0f} ms" for us, name in heavy)]
     return publish(out, args.out)
