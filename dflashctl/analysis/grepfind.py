@@ -10,9 +10,12 @@ offset: a position inside a special line (the answer AnchorFinder.at gives), and
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import shutil
 import subprocess
+import threading
 from typing import IO
 
 from dflashctl.analysis.anchorfind import AnchorFinder
@@ -28,6 +31,7 @@ class GrepFinder:
     def __init__(self, proc: subprocess.Popen[bytes], buf: bytes, end: int, anchors: tuple[bytes, ...]) -> None:
         self.proc, self.buf, self.end, self.anchors = proc, buf, end, anchors
         self.out: IO[bytes] | None = proc.stdout
+        self.drain = _Drain(proc.stdout) if proc.stdout is not None else None
         self.next = -1  # grep's last answer (-1: none read yet)
         self.fallback: AnchorFinder | None = None
         self.line = 0  # the 1-based line number of the line holding self.next (grep -n)
@@ -41,7 +45,7 @@ class GrepFinder:
         if self.fallback is not None:
             return self.fallback.at(pos)
         while self.next < pos:
-            line = self.out.readline() if self.out is not None else b""
+            line = self.drain.readline() if self.out is not None and self.drain is not None else b""
             if not line:
                 return self._finished(pos)
             answer = _parse(line)
@@ -74,11 +78,64 @@ class GrepFinder:
         buffer ended before the file did: its further answers are not needed)."""
         if self.out is None:
             return self.proc.returncode
-        self.out.close()
-        self.out = None
         if stop and self.proc.poll() is None:
             self.proc.kill()
-        return self.proc.wait()
+        rc = self.proc.wait()
+        if self.drain is not None:  # grep is gone: its pipe ends, and so does the thread reading it
+            self.drain.finish()
+        self.out.close()
+        self.out = None
+        return rc
+
+
+class _Drain(threading.Thread):
+    """Reads grep's answers as fast as grep writes them, in big pieces, into a queue: grep never stops on a full pipe
+    while the scanner handles a line, and the scanner waits only when it has handled every answer so far. Without it
+    the two took turns (grep blocked on the pipe, Python on grep): on a busy machine each turn costs a wake-up, and
+    the first full scan of a log with ~1 % special lines took 2-5x grep's time, not the larger of the two CPU times
+    (issue 28; benchmarks/results/logscan.txt)."""
+
+    PIECE = 1 << 20
+    AHEAD = 64  # pieces read ahead at most (64 MB of answers: a log whose every line is special stays bounded)
+
+    def __init__(self, out: IO[bytes]) -> None:
+        super().__init__(name="grepfind-drain", daemon=True)
+        self.fd = out.fileno()
+        self.pieces: queue.Queue[bytes] = queue.Queue(self.AHEAD)
+        self.lines: list[bytes] = []  # complete lines not handed out yet, in reverse (pop() is the next)
+        self.rest = b""  # a line cut at the end of a piece
+        self.done = False
+        self.start()
+
+    def run(self) -> None:
+        try:
+            while piece := os.read(self.fd, self.PIECE):
+                self.pieces.put(piece)
+        except OSError:
+            pass
+        self.pieces.put(b"")
+
+    def finish(self) -> None:
+        """Wait for the thread once grep is gone, taking what it still reads so that it never waits on a full queue."""
+        while self.is_alive():
+            with contextlib.suppress(queue.Empty):
+                self.pieces.get(timeout=0.05)
+        self.join()
+
+    def readline(self) -> bytes:
+        """The next line with its newline; b"" once grep's output has ended (a last line without one, as is)."""
+        while not self.lines:
+            if self.done:
+                return b""
+            piece = self.pieces.get()
+            if not piece:
+                self.done = True
+                rest, self.rest = self.rest, b""
+                return rest
+            parts = (self.rest + piece).split(b"\n")
+            self.rest = parts.pop()
+            self.lines = [p + b"\n" for p in reversed(parts)]
+        return self.lines.pop()
 
 
 def start(fd: int, buf: bytes, end: int, anchors: tuple[bytes, ...]) -> GrepFinder | None:

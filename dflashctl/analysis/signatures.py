@@ -404,10 +404,17 @@ _BY_ANCHOR: dict[str, tuple[int, ...]] = {
 }
 
 
+# the anchors by their first character: a line is tested for the anchors whose first character it holds (one memchr
+# each), not for all ~80 (the per-line cost of a special line, which a healthy log's look-alikes pay: issue 28)
+_BY_FIRST: tuple[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], ...] = tuple(
+    (c, tuple((a, idx) for a, idx in _BY_ANCHOR.items() if a[0] == c)) for c in sorted({a[0] for a in _BY_ANCHOR})
+)
+
+
 def match_line(text: str) -> list[Rule]:
     """Every rule whose line pattern occurs in text (a log line with ANSI codes stripped), in table order, less
     those another match supersedes (a corrupt cache's `ImportError: …so: file too short` is not import-error)."""
-    candidates = {i for a, idx in _BY_ANCHOR.items() if a in text for i in idx}
+    candidates = {i for c, group in _BY_FIRST if c in text for a, idx in group if a in text for i in idx}
     found: list[Rule] = []
     for i in sorted(candidates):
         rule, _, pat = _PATTERNS[i]
