@@ -18,6 +18,7 @@ from dflashctl.analysis.gpuwindow import SERIES, Span, reduce_interval
 from dflashctl.analysis.health import Evidence, GpuSweep, Health, Thresholds, judge
 from dflashctl.analysis.logscan import LogScanner
 from dflashctl.analysis.stepclock import StepClock
+from dflashctl.analysis.trainseries import training_series
 from dflashctl.analysis.verdict import EndWatch, ProcessState
 from dflashctl.model import GpuReport, Verdict
 from dflashctl.report import ProbeReport, RunRecord
@@ -51,6 +52,8 @@ class StatusView:
     stacks: dict[str, Any] | None = None  # the sentinel's newest stall capture: {"path", "time", "reason", "processes"}
     gone: str | None = None  # the watch ended because its run is gone: a GONE_EXIT_CODES key
     gone_why: str | None = None  # that, in one line
+    training: dict[str, list[float]] = field(default_factory=dict)  # loss, acc_len (τ) per logged step (trainseries)
+    gpu_share: dict[int, tuple[float, float]] | None = None  # GPU → (MiB of the run's processes, of all others)
 
     @property
     def run_id(self) -> str | None:
@@ -81,6 +84,9 @@ class StatusView:
             "restart": None if self.run is None else self.run.restart,
             "restart_pending": self.restart_pending,
             "stacks": self.stacks,
+            "training": self.training,
+            "gpu_share": None if self.gpu_share is None else
+            [{"gpu": i, "ours_mib": o, "others_mib": x} for i, (o, x) in sorted(self.gpu_share.items())],
         }
         rec.update(self.health.to_record())
         rec["gpus"] = [dict(g, history=h.history, series={k: [None if x is None else list(x) for x in xs]
@@ -231,6 +237,7 @@ class Watcher:
             log_path=log.path if log else None, log_lines_from_start=self.from_start, gpu_error=gpu_error,
             log_offset=self.next_offset, log_bytes_scanned=self.scanner.bytes_scanned, settling=settling,
             restart_pending=bool(run and run.restart) and health.verdict.is_terminal,
+            training=training_series(report.progress),
         )
         self.last = view
         return view

@@ -17,6 +17,7 @@ from dflashctl.analysis.cause import cause_of
 from dflashctl.analysis.gpuwindow import STALL_SHAPES
 from dflashctl.cli.common import age, console
 from dflashctl.cli.gpuhealth import health_cell, render_gpu_health
+from dflashctl.cli.spark import spark
 from dflashctl.model import GpuFinding, Verdict
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ VERDICT_STYLE = {
 }
 FINDING_STYLE = {GpuFinding.BUSY: "green", GpuFinding.IDLE: "dim", GpuFinding.IDLE_ALLOCATED: "bold yellow",
                  GpuFinding.SPINNING: "bold yellow", GpuFinding.ORPHANED: "bold red"}
-SPARK = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 16  # report intervals drawn per sparkline (the newest)
 # the watch's three histories: column title, series key, unit
 HISTORIES = (("utilisation history", "util", "%"), ("memory history", "memory_mib", "MiB"),
@@ -44,8 +44,21 @@ def _num(v: float | None, fmt: str = "{:.0f}") -> str:
 
 def _spark(values: list[float | None], width: int = SPARK_WIDTH, top: float = 100.0) -> str:
     """One block per value, its height the value's share of `top` (blank: no reading)."""
-    top = top if top > 0 else 1.0
-    return "".join(" " if v is None else SPARK[max(0, min(7, int(v / top * 7.999)))] for v in values[-width:])
+    return spark(values, width, top)
+
+
+def training_line(training: dict[str, list[float]]) -> Text:
+    """`training  loss ▇▆▅▄▃ 2.31  τ ▁▂▄▅▇ 3.40`: each series scaled between its own min and max (issue 29)."""
+    line = Text("training", style="bold")
+    for key, label in (("loss", "loss"), ("acc_len", "τ"), ("eval_acc_len", "τ eval")):
+        xs = training.get(key)
+        if not xs:
+            continue
+        low = min(xs)
+        line.append(f"  {label} ")
+        line.append(spark([x - low for x in xs], SPARK_WIDTH, top=max(xs) - low or 1.0), style="cyan")
+        line.append(f" {xs[-1]:.4g}")
+    return line
 
 
 def _history(g: GpuStatus, key: str, unit: str) -> str:
@@ -115,9 +128,12 @@ def _cause(health: Health) -> list[Text]:
 
 
 def render(title: str, health: Health, *, extra: list[str] = (), history: bool = False,
-           notes: list[str] = (), ended: str | None = None, gpu_note: str | None = None) -> RenderableType:
+           notes: list[str] = (), ended: str | None = None, gpu_note: str | None = None,
+           share: dict[int, tuple[float, float]] | None = None,
+           training: dict[str, list[float]] | None = None) -> RenderableType:
     """The whole view: header, why, threads, GPUs, diagnoses. Used by status, --watch and diagnose.
-    gpu_note: one line in the GPU section when there are no readings (why there are none)."""
+    gpu_note: one line in the GPU section when there are no readings (why there are none). share: GPU → MiB held
+    by the run's processes and by all others (the host view, `gpus`); training: loss and τ series (sparklines)."""
     parts: list[RenderableType] = [_header(title, health, list(extra), ended), *_cause(health)]
     for note in notes:
         parts.append(Text(note, style="bold magenta"))
@@ -136,6 +152,8 @@ def render(title: str, health: Health, *, extra: list[str] = (), history: bool =
         gt = Table(title="GPUs", title_justify="left", box=None, pad_edge=False, show_edge=False)
         for col in ("gpu", "memory used/total", "util", "power", "finding", "health"):
             gt.add_column(col, justify="right" if col not in ("finding", "health") else "left")
+        if share is not None:
+            gt.add_column("run / others (host)", justify="right")
         if history:
             for title, _, _ in HISTORIES:
                 gt.add_column(title, no_wrap=True)
@@ -145,10 +163,15 @@ def render(title: str, health: Health, *, extra: list[str] = (), history: bool =
             finding = Text(str(g.finding) if g.finding else "-", style=FINDING_STYLE.get(g.finding, "dim"))
             row = [str(s.index), mem, f"{_num(s.utilization_pct)} %", f"{_num(s.power_w)} W", finding,
                    health_cell(health, s.index)]
+            if share is not None:
+                ours, others = share.get(s.index, (None, None))
+                row.append("-" if ours is None else f"{ours:.0f} / {others:.0f} MiB")
             if history:
                 row += [_history(g, key, unit) for _, key, unit in HISTORIES]
             gt.add_row(*row)
         parts.append(gt)
+    if training and history:  # beside the GPU histories of a watch: training (loss falls, τ rises) or stuck
+        parts.append(training_line(training))
     if gpu_note:
         parts.append(Text(f"GPUs: {gpu_note}", style="dim" if not health.gpus else "yellow"))
     gpu_health = render_gpu_health(health)
@@ -193,7 +216,8 @@ def render_view(v: StatusView, *, history: bool = False, events: int | None = 5)
     if v.restart_pending:
         notes.append(f"restarting: {(v.run.restart or {}).get('why') if v.run else ''}")
     view = render(f"{v.host} · run {v.run_id or '-'}", v.health, extra=extra, history=history, notes=notes,
-                  ended=ended, gpu_note=gpu_note(v.gpu_error, has_gpus=bool(v.health.gpus)))
+                  ended=ended, gpu_note=gpu_note(v.gpu_error, has_gpus=bool(v.health.gpus)),
+                  share=v.gpu_share, training=v.training)
     from dflashctl.cli.timeline import render_capture, render_events
 
     extra_parts = [render_capture(v.stacks)] if v.stacks else []

@@ -17,6 +17,7 @@ from dflashctl.analysis import judging
 from dflashctl.analysis.events import read_events
 from dflashctl.analysis.stacks import processes_from_capture
 from dflashctl.analysis.watcher import CONTAINER_GONE, HOST_REPLACED, StatusView, Watcher, gone_text
+from dflashctl.commands import gpushare
 from dflashctl.commands.fanout import HOST_DEADLINE_S, fan_out
 from dflashctl.commands.waiting import next_attempt
 from dflashctl.errors import (
@@ -50,12 +51,15 @@ def status_once(target: Target, run: str | None = None, *, judge: JudgeSettings 
     """One round trip: the log's tail, GPUs, process state and the GPU host's kernel-log Xid lines (for a container
     host read on the Proxmox host by the same ssh command) → a judged view. judge: the host's (hosts.toml) unless
     given."""
+    shared = gpushare.ShareReading(target)  # the host view's GPU share, read beside the probe (issue 29)
     doc = probe.probe_once(target, target.host.workspace, run or "latest", log_max=log_max, require_run=False,
                            events=True, xid=True)
     if doc.run is None:
         raise _no_run(target.host, run)
     w = judging.watcher(target.host.name, judge or target.host.judge)
-    return with_events(w.update(doc), doc)
+    view = with_events(w.update(doc), doc)
+    view.gpu_share = shared.share(doc.run.id if doc.run.alive else None)
+    return view
 
 
 def with_events(view: StatusView, doc: ProbeReport) -> StatusView:
