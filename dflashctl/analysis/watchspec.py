@@ -30,6 +30,9 @@ DEFAULT_NOTIFY = ("worker-crashed", "stalled", "idle-gpus", "signature", "policy
 TARGET_KINDS = ("webhook", "slack", "ntfy", "command")
 RESTART_ON = ("crashed", "stalled")
 NEVER_RETRY = (2,)  # a usage / config error: the next attempt would fail the same way
+# causes (signature ids) that fail every attempt the same way: an attempt that ended with one is never restarted,
+# and `--restart-on` refuses to name one (issue 28)
+NEVER_RESTART_IDS = ("import-error",)
 WORKER_POLICIES = ("stop", "keep")
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
@@ -188,7 +191,9 @@ def parse_worker_policy(value: str | None) -> str | None:
 @dataclass(frozen=True)
 class Restart:
     """`--restart-on crashed,stalled --max-restarts N --backoff S`: a new attempt (a new run directory) after an
-    attempt that ended that way, resumed from the newest checkpoint where the program supports it."""
+    attempt that ended that way, resumed from the newest checkpoint where the program supports it. `on` may name
+    causes too (signature ids, `--restart-on nccl-timeout,host-oom`): an attempt that crashed or stalled with one of
+    them restarts; one that ended with a cause in NEVER_RESTART_IDS never does."""
 
     on: tuple[str, ...]
     max_restarts: int
@@ -221,15 +226,34 @@ def parse_restart(on: str | Iterable[str] | None, max_restarts: int | None,
                                                                       "(or crashed,stalled)")
     items = [v.strip() for v in (on.split(",") if isinstance(on, str) else on) for v in str(v).split(",")]
     items = [v for v in items if v]
-    bad = [v for v in items if v not in RESTART_ON]
-    if bad or not items:
-        raise ConfigError(f"--restart-on {','.join(items) or '(empty)'}: {bad[0] if bad else 'nothing'} is not a "
-                          "restartable ending", hint=f"use {' and/or '.join(RESTART_ON)}")
+    ids = _restart_causes([v for v in items if v not in RESTART_ON], ",".join(items))
+    if not items:
+        raise ConfigError("--restart-on (empty): nothing is not a restartable ending",
+                          hint=f"use {' and/or '.join(RESTART_ON)}, or signature ids (docs/failures.md)")
     n = 1 if max_restarts is None else max_restarts
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError(f"--max-restarts {max_restarts!r} must be a whole number ≥ 1", hint="e.g. --max-restarts 3")
-    return Restart(tuple(k for k in RESTART_ON if k in items), n,
+    return Restart(tuple(k for k in RESTART_ON if k in items) + ids, n,
                    10.0 if backoff is None else parse_duration(backoff, "restart backoff"))
+
+
+def _restart_causes(ids: list[str], given: str) -> tuple[str, ...]:
+    """The signature ids `--restart-on` names (restart when an attempt ends with that cause), checked: known ids
+    only, and none that fails every attempt the same way."""
+    if not ids:
+        return ()
+    from dflashctl.analysis.signatures import BY_ID  # only here: reading a config must not compile the table
+
+    for v in ids:
+        if v in NEVER_RESTART_IDS:
+            raise ConfigError(f"--restart-on {given}: {v} is never restarted (the next attempt fails the same way)",
+                              hint="fix its cause and launch again; restart on causes that pass: nccl-timeout, "
+                                   "host-oom, cuda-oom, gpu-hardware …")
+        if v not in BY_ID:
+            raise ConfigError(f"--restart-on {given}: {v} is not a restartable ending",
+                              hint=f"use {' and/or '.join(RESTART_ON)}, or causes: signature ids from "
+                                   "docs/failures.md (e.g. nccl-timeout,host-oom)")
+    return tuple(dict.fromkeys(ids))
 
 
 @dataclass(frozen=True)

@@ -93,9 +93,11 @@ def launch(
     stall_limit: str | None = typer.Option(None, "--stall-limit", metavar="TIME", rich_help_panel=_W,
                                            help="stop the run when no new step comes for TIME after the first "
                                                 "(e.g. 20m)"),
-    restart_on: str | None = typer.Option(None, "--restart-on", metavar="crashed,stalled", rich_help_panel=_W,
+    restart_on: str | None = typer.Option(None, "--restart-on", metavar="crashed,stalled,ID…", rich_help_panel=_W,
                                           help="start a new attempt (new run dir, resumed from the newest "
-                                               "checkpoint) when one ends this way"),
+                                               "checkpoint) when one ends this way, or with this cause (signature "
+                                               "ids: nccl-timeout,host-oom); never on import-error or a config "
+                                               "error"),
     max_restarts: int | None = typer.Option(None, "--max-restarts", metavar="N", rich_help_panel=_W,
                                             help="at most N restarts (default 1 with --restart-on)"),
     backoff: str | None = typer.Option(None, "--backoff", metavar="TIME", rich_help_panel=_W,

@@ -58,9 +58,10 @@ def src(local_host, cli, tmp_path) -> Path:
     (("--stall-limit", "abc"), "stall limit 'abc' is not a duration"),
     (("--max-restarts", "2"), "--max-restarts without --restart-on"),
     (("--restart-on", "exploded"), "exploded is not a restartable ending"),
+    (("--restart-on", "nccl-timeout,import-error"), "import-error is never restarted"),
     (("--no-sentinel", "--notify", "http://127.0.0.1:1/x"), "--no-sentinel leaves nobody to notify"),
 ], ids=["ftp-url", "webhook-not-a-url", "unknown-kind", "idle-without-percent", "idle-zero-time", "stall-abc",
-        "max-restarts-alone", "restart-on-unknown", "no-sentinel-with-notify"])
+        "max-restarts-alone", "restart-on-unknown", "restart-on-import-error", "no-sentinel-with-notify"])
 def test_a_malformed_sentinel_flag_is_one_line_exit_2_and_launches_nothing(local_host, cli, src, flags, said):
     line = launch_refused(cli, local_host.workspace_dir, src, *flags)
     assert said in line, line
