@@ -317,17 +317,13 @@ def _mib(p: HostProc) -> str:
 
 
 def named_elsewhere(view: HostView) -> list[str]:
-    """One line per GPU process kill-zombies must name and never touch: another container's or the host's (with its
-    pid in there and its run), and where our own container's marked holders sit on the host (their host pid)."""
+    """One line per GPU process kill-zombies must name and never touch: another container's or the host's, with its
+    pid in there, its host pid and its run (our own container's are its rows, by the pid they have in here)."""
     out = []
     for p in view.procs:
         gpu = f"GPU {p.gpu}" if p.gpu is not None else "a GPU"
         run = f"run {p.run_id}" if p.run_id else "no run of ours"
-        if p.role == GONE:
-            continue
-        if p.container == view.container:
-            if p.run_id and view.container is not None:
-                out.append(f"{gpu}: container {p.container} pid {p.ns_pid} (host pid {p.pid}) holds {_mib(p)}, {run}")
+        if p.role == GONE or p.container == view.container:
             continue
         who = f"container {p.container} pid {p.ns_pid} (host pid {p.pid})" if p.container else \
             f"host pid {p.pid} on the Proxmox host"
