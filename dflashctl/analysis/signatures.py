@@ -50,8 +50,9 @@ class Rule:
 
 
 # a file path inside a compile cache: inductor's (`/tmp/torchinductor_root/…`, a TORCHINDUCTOR_CACHE_DIR named
-# `…inductor…`) or Triton's (`~/.triton/cache/…`)
-_CACHE_PATH = r"(?:/[^\s'\":]*(?:torchinductor_|inductor|/\.triton/cache/|triton/cache/)[^\s'\":]*)"
+# `…inductor…`, as dflashctl's `<workspace>/cache/inductor`) or Triton's (`~/.triton/cache/…`, dflashctl's
+# `<workspace>/cache/triton/…`)
+_CACHE_PATH = r"(?:/[^\s'\":]*(?:torchinductor_|inductor|/\.triton/cache/|triton/cache/|cache/triton/)[^\s'\":]*)"
 CACHE_PATH_RE = re.compile(_CACHE_PATH + r"\.(?:so|o|py|cubin|ptx|json|pkl|bin|hsaco)\b")
 
 
@@ -327,8 +328,10 @@ RULES: tuple[Rule, ...] = (
             "torch.compile wrote it): every later compile that loads it fails the same way.",
             "Remove the artefact the evidence line names (only that file, inside the cache), or the whole cache "
             "directory, and run again: `TORCHINDUCTOR_CACHE_DIR` if set, else `/tmp/torchinductor_$USER` (Triton's "
-            "in `~/.triton/cache`). Runs dflashctl launches keep their cache in the run's workspace, so one run's "
-            "half-written file cannot poison another's. This is not a missing package: do not reinstall anything.",
+            "`TRITON_CACHE_DIR`, else `~/.triton/cache`). Runs dflashctl launches keep theirs in the workspace "
+            "(`<workspace>/cache/inductor`, `<workspace>/cache/triton`), and `dflashctl stop`/`kill-zombies` remove "
+            "what a process they killed left half-written. This is not a missing package: do not reinstall "
+            "anything.",
         ),
         lines=(
             _CACHE_PATH + r"\.(?:so|o|cubin|ptx|hsaco)\b[^:\n]*: (?:file too short|invalid ELF header|"

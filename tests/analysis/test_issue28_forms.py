@@ -36,6 +36,12 @@ def test_a_bare_import_error_line_on_a_cache_launcher_is_the_cache_too() -> None
     assert _ids(line) == ["inductor-cache-corrupt"]
 
 
+def test_a_corrupt_artefact_in_dflashctls_workspace_caches_is_the_cache_too() -> None:
+    for path in ("/ws/cache/inductor/ab/cabc.so", "/ws/cache/triton/XU5DT2AO/cuda_utils.cpython-311-x86_64-linux-gnu.so"):
+        assert _ids(f"torch._inductor.exc.InductorError: ImportError: {path}: file too short\n") == [
+            "inductor-cache-corrupt"], path
+
+
 def test_the_same_error_on_a_library_outside_any_cache_stays_import_error() -> None:
     log = ("Traceback (most recent call last):\n  File \"train.py\", line 1, in <module>\n    import torch\n"
            "ImportError: /home/u/envs/lib/python3.9/site-packages/torch/lib/libtorch_cpu.so: invalid ELF header\n")

@@ -195,3 +195,18 @@ def test_the_engine_reaches_the_issue_figure_on_the_real_corpus(figure: str, eng
     misses = bench.misses_text(cases, preds, MISS_COLUMNS[figure], only_healthy=figure == "clean_negatives")
     assert ratio.value is not None, f"{figure}: nothing to count on {len(cases)} cases"
     assert ratio.value >= least, f"{figure} {ratio} < {least:.2f}; engine misses: {misses}"
+
+
+# -- the held-out set of issue 28: well formed, but no figures asserted (a measure, not a target) -------------------
+
+HOLDOUT = ROOT / "tests" / "analysis" / "data" / "holdout28"
+
+
+def test_the_held_out_set_is_well_formed_with_known_ids_and_github_sources() -> None:
+    cases, problems = bench.load_corpus(HOLDOUT)
+    assert not problems, "held-out cases that cannot be scored:\n" + "\n".join(problems)
+    assert len(cases) >= 30 and sum(c.healthy for c in cases) >= 3
+    known = _known_ids()
+    bad = [(c.stem, sorted(set(c.doc["labels"]) - known)) for c in cases if set(c.doc["labels"]) - known]
+    bad += [(c.stem, c.doc["source"]) for c in cases if not bench.SOURCE_RE.fullmatch(c.doc["source"])]
+    assert not bad, bad
