@@ -37,7 +37,8 @@ def test_a_bare_import_error_line_on_a_cache_launcher_is_the_cache_too() -> None
 
 
 def test_a_corrupt_artefact_in_dflashctls_workspace_caches_is_the_cache_too() -> None:
-    for path in ("/ws/cache/inductor/ab/cabc.so", "/ws/cache/triton/XU5DT2AO/cuda_utils.cpython-311-x86_64-linux-gnu.so"):
+    for path in ("/ws/cache/inductor/ab/cabc.so",
+                 "/ws/cache/triton/XU5DT2AO/cuda_utils.cpython-311-x86_64-linux-gnu.so"):
         assert _ids(f"torch._inductor.exc.InductorError: ImportError: {path}: file too short\n") == [
             "inductor-cache-corrupt"], path
 
