@@ -65,7 +65,7 @@ class RunRecord:
 
     def to_record(self, *, verdict: str | None = None, now: float | None = None, last_step: int | None = None,
                   last_event: dict[str, Any] | None = None) -> dict[str, Any]:
-        """THE JSON shape of a run: `runs --json` (each run), `status --json` (`run`), `launch --json`. Every key is
+        """THE JSON shape of a run: `runs --json` (each run) and `status --json` (its `run`). Every key is
         always there; what the caller did not judge (verdict, last step, last event) is null."""
         m = self.meta
         return {"id": self.id, "name": m.name, "kind": m.kind, "dir": self.dir, "log_path": self.log_path,
