@@ -25,7 +25,8 @@ from dflashctl.agent.lib.fsutil import read_json, write_atomic
 from dflashctl.agent.lib.procfs import MARKER
 from dflashctl.agent.lib.reaping import end_group
 from dflashctl.agent.probe.gpus import GpuReader
-from dflashctl.agent.probe.main import parse_args, report
+from dflashctl.agent.probe.main import report
+from dflashctl.agent.probe.request import ProbeRequest
 from dflashctl.agent.stacks import capture
 from dflashctl.analysis import judging
 from dflashctl.analysis.watcher import StatusView
@@ -80,8 +81,8 @@ class Sentinel:
         gpus = final or time.monotonic() >= self.next_gpus
         if gpus:
             self.next_gpus = time.monotonic() + self.spec.gpu_interval_s
-        args = ["--workspace", self.workspace, "--run", self.run_id, "--log-max", str(READ_MAX)]
-        doc = report(parse_args([*args, *(["--gpus"] if gpus else [])]), self.offset, self.inode, self.gpu_reader)
+        req = ProbeRequest(workspace=self.workspace, run=self.run_id, log_max=READ_MAX, gpus=gpus)
+        doc = report(req, self.offset, self.inode, self.gpu_reader)  # the probe's own report, read in-process
         if final and doc.get("run") is not None and self.exit_code is not None:
             # the supervisor has told us the code it is about to record: judge the run as it will stand
             doc["run"].update(alive=False, ending=False, exit_code=self.exit_code)
