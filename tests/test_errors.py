@@ -83,3 +83,12 @@ def test_the_cli_prints_a_remote_failure_in_one_line_with_its_code(tmp_path: Pat
     assert "Traceback" not in done.stderr
     assert "ERROR: writing /x on pve1 failed (exit 1): No space left on device" in done.stderr
     assert isinstance(RemoteFailed("x"), DflashError)
+
+
+def test_a_probe_that_prints_no_report_is_a_remote_failure(tmp_path: Path) -> None:
+    """A real local target whose python runs and says nothing (`true`): the host was reached, the step failed."""
+    from dflashctl.remote import probe
+
+    with connect(Host("local", python="true", workspace=str(tmp_path))) as target, pytest.raises(RemoteFailed) as exc:
+        probe.probe_once(target, str(tmp_path), "latest", gpus=False, require_run=False)
+    assert exc.value.exit_code == 106 and "probe on local printed no report (exit 0)" in exc.value.message

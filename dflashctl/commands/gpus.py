@@ -56,7 +56,7 @@ def host_reading(target: Target, timeout: float | None = 60) -> dict[str, Any]:
         where = "the Proxmox host" if on_host else target.host.name
         raise DflashError(f"the GPU probe on {where} printed no report (exit {res.exit_code}): "
                           f"{res.tail() or 'no output'}", hint="is python3 installed there?",
-                          exit_code=ExitCode.NOT_FOUND)
+                          exit_code=ExitCode.REMOTE_FAILED)
     return docs[-1]
 
 

@@ -41,7 +41,7 @@ from functools import lru_cache
 
 from dflashctl.agent.probe.request import DEFAULT_LOG_MAX, ProbeRequest
 from dflashctl.agent.probe.version import PROBE_VERSION
-from dflashctl.errors import DflashError, ExitCode, NotFound
+from dflashctl.errors import DflashError, NotFound, RemoteFailed
 from dflashctl.model import HostGpuReport
 from dflashctl.remote.scripts import module_source, parse_replies, parse_reply
 from dflashctl.remote.target import Target
@@ -246,10 +246,9 @@ def probe_host_gpu_procs(target: Target, timeout: float | None = 60) -> HostGpuR
     return found if found is not None else HostGpuReport(None, (), "no host_gpu_procs field")
 
 
-def _no_report(target: Target, code: int | None, tail: str) -> DflashError:
+def _no_report(target: Target, code: int | None, tail: str) -> RemoteFailed:
     hint = None
     if code == 127:
         hint = f"is `{target.host.python}` installed there? set `python` for host {target.host.name} in hosts.toml"
-    return DflashError(f"probe on {target.host.name} printed no report"
-                       f"{f' (exit {code})' if code is not None else ''}: {tail or 'no output'}",
-                       hint=hint, exit_code=ExitCode.NOT_FOUND)
+    return RemoteFailed(f"probe on {target.host.name} printed no report"
+                        f"{f' (exit {code})' if code is not None else ''}: {tail or 'no output'}", hint=hint)
