@@ -41,6 +41,7 @@ import time
 
 from dflashctl.agent.lib.attempts import SPEC_FILE, relaunch, wait_before_start
 from dflashctl.agent.lib.checkpoints import newest_checkpoint, take_checkpoint
+from dflashctl.agent.lib.flightrec_env import recorder_env
 from dflashctl.agent.lib.frame import reply
 from dflashctl.agent.lib.fsutil import read_bytes, read_int, write_atomic
 from dflashctl.agent.lib.procfs import (
@@ -136,6 +137,7 @@ def start(spec: dict, source: str, *, wait_pid: bool = True) -> dict:
         meta.update(attempt=1, chain={"first": run_id, "previous": None, "attempt": 1,
                                       "attempts_max": 1 + int(restart.get("max_restarts") or 0)})
     env = _run_env(spec.get("env") or {}, run_id, run_dir)
+    env.update(recorder_env(argv, env, run_dir))  # under torchrun: the NCCL flight recorder on (issue 28)
     write_atomic(os.path.join(run_dir, "meta.json"), (json.dumps(meta, indent=2) + "\n").encode())
     write_atomic(os.path.join(run_dir, "launch.json"),
                  json.dumps({"argv": argv, "cwd": cwd, "env": spec.get("env") or {},
