@@ -34,6 +34,7 @@ def test_gpus_json_names_each_process_container_pid_inside_and_run(scene, capsys
         row = by_pid[p[name].host_pid]
         assert (row["container"], row["ns_pid"], row["run"], row["run_id"]) == (ct, ns_pid, role, run_id), name
     assert by_pid[p["zombie"].host_pid]["zombie"] is True
+    assert {by_pid[p[n].host_pid]["user"] for n in expect} == {"root"}  # named from each one's own /etc/passwd
     assert "kill-zombies" in by_pid[p["zombie"].host_pid]["remedy"]
     assert f"container {b}" in by_pid[p["theirs"].host_pid]["remedy"]
     assert "sleep 3604" in by_pid[p["theirs"].host_pid]["cmdline"]

@@ -68,19 +68,34 @@ def proc_info(pid: int) -> dict | None:
     except (OSError, ValueError):
         pass
     return {"state": st["state"], "starttime": st["starttime"], "cgroup": cgroup[-2000:], "nspid": nspid,
-            "uid": uid, "user": _user(uid), "cmdline": proc_cmdline(pid), "run_id": proc_marker(pid),
+            "uid": uid, "user": _user(pid, uid), "cmdline": proc_cmdline(pid), "run_id": proc_marker(pid),
             "run_dir": proc_env_var(pid, RUN_DIR_VAR)}
 
 
-def _user(uid: int | None) -> str | None:
+def _user(pid: int, uid: int | None) -> str | None:
+    """The process's user as its own system names it: an unprivileged container's root is uid 100000 here, so the
+    uid is mapped back through /proc/PID/uid_map and looked up in the container's /etc/passwd (/proc/PID/root)."""
     if uid is None:
         return None
+    inner = uid
     try:
-        import pwd
-
-        return pwd.getpwuid(uid).pw_name
-    except (ImportError, KeyError):
-        return None
+        with open(f"/proc/{pid}/uid_map") as f:
+            for line in f:
+                inside, outside, count = (int(x) for x in line.split()[:3])
+                if outside <= uid < outside + count:
+                    inner = inside + uid - outside
+                    break
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(f"/proc/{pid}/root/etc/passwd", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split(":")
+                if len(fields) > 2 and fields[2] == str(inner):
+                    return fields[0]
+    except OSError:
+        pass
+    return None
 
 
 def _apps_pids(csv: str | None) -> list:
