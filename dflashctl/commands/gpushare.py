@@ -26,9 +26,10 @@ class ShareReading:
         with contextlib.suppress(DflashError):
             self.doc = gpus.host_reading(self.target, timeout)
 
-    def share(self, run_id: str | None, wait_s: float = 20.0) -> dict[int, tuple[float, float]] | None:
-        """GPU index → (MiB of run_id's processes, MiB of all others); None when the host could not be read or
-        lists no process (nothing to split)."""
+    def share(self, run_id: str | None, wait_s: float = 5.0) -> dict[int, tuple[float, float]] | None:
+        """GPU index → (MiB of run_id's processes, MiB of all others); None when the host could not be read, lists
+        no process (nothing to split), or is still reading wait_s after the probe answered (status does not wait on
+        a slow host for a column: it started with the probe, so it is usually done first)."""
         self.thread.join(wait_s)
         if self.doc is None or not self.doc.get("apps_csv"):
             return None
