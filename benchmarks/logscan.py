@@ -126,12 +126,13 @@ def _cpu(who: int) -> float:
 LAST_CPU: dict[str, float] = {}  # the last full_scan's CPU seconds: "python" (this process), "grep" (its child)
 
 
-def full_scan(path: Path, use_grep: bool = True) -> tuple[float, LogScanner]:
+def full_scan(path: Path, use_grep: bool = True, drain: bool = True) -> tuple[float, LogScanner]:
     """The first look at the log as diagnose takes it: the file mapped and scanned in one go (use_grep=False:
     as where grep is missing, the pivot search alone). Notes the CPU seconds of this process and of grep in LAST_CPU
     (a shared machine's load stretches the wall time; the CPU time it costs stays)."""
-    saved = grepfind.GREP
+    saved, saved_drain = grepfind.GREP, grepfind.GrepFinder.DRAIN
     grepfind.GREP = saved if use_grep else "dflash-no-such-grep"
+    grepfind.GrepFinder.DRAIN = drain
     try:
         s = LogScanner()
         c0, k0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
@@ -142,7 +143,7 @@ def full_scan(path: Path, use_grep: bool = True) -> tuple[float, LogScanner]:
         LAST_CPU.update(python=_cpu(resource.RUSAGE_SELF) - c0, grep=_cpu(resource.RUSAGE_CHILDREN) - k0)
         return wall, s
     finally:
-        grepfind.GREP = saved
+        grepfind.GREP, grepfind.GrepFinder.DRAIN = saved, saved_drain
 
 
 def plain_scan(path: Path) -> tuple[float, LogScanner]:
@@ -194,13 +195,14 @@ def main() -> int:
                 # the first look at a log this big; best of two (a shared machine's noise only adds time)
                 # scan and grep taken in turns, best of ROUNDS each: a shared machine's load comes and goes, and
                 # only adds time; taking them in turns gives both the same chances of a quiet moment
-                walls, cpus, greps = [], [], []
+                walls, cpus, greps, turns = [], [], [], []
                 for _ in range(ROUNDS):
                     wall, scanner = full_scan(path)
                     walls.append(wall)
                     cpus.append(dict(LAST_CPU))
                     greps.append(grep(path))
-                full_s = min(walls)
+                    turns.append(full_scan(path, drain=False)[0])
+                full_s, turn_s = min(walls), min(turns)
                 cpu = min(cpus, key=lambda c: c["python"] + c["grep"])
                 grep_s, grep_cpu = min(g[0] for g in greps), min(g[1] for g in greps)
                 pivot_s, pivot = full_scan(path, use_grep=False)
@@ -220,7 +222,7 @@ def main() -> int:
                     incs.append(time.perf_counter() - t0)
                     assert any(getattr(e, "thread", None) == "drafter-1" for e in events)
                 inc_s = statistics.median(incs)
-                rows.append((cp, full_s, pivot_s, plain_s, grep_s, inc_s, cpu, grep_cpu))
+                rows.append((cp, full_s, pivot_s, plain_s, grep_s, inc_s, cpu, grep_cpu, turn_s))
                 print(f"  {cp >> 20} MB: full scan {full_s:.2f} s (pivot {pivot_s:.2f} s, before {plain_s:.2f} s), "
                       f"grep {grep_s:.2f} s, "
                       f"+1 MB {inc_s * 1000:.1f} ms", flush=True)
@@ -233,7 +235,7 @@ def main() -> int:
         f"{'+1 MB (median of 7)':>19} | {'full/incremental':>16}",
         "-" * 185,
     ]
-    for size, full_s, pivot_s, plain_s, grep_s, inc_s, _, _ in rows:
+    for size, full_s, pivot_s, plain_s, grep_s, inc_s, _, _, _ in rows:
         lines.append(f"{size >> 20:>6} MB | {full_s:>16.2f} s | {(size >> 20) / full_s:>6.0f} | {grep_s:>10.2f} s | "
                      f"{full_s / grep_s:>8.1f}x | {pivot_s:>12.2f} s | {pivot_s / grep_s:>9.1f}x | "
                      f"{plain_s:>25.2f} s | {plain_s / grep_s:>10.1f}x | "
@@ -248,10 +250,22 @@ def main() -> int:
         f"{'critical path/grep':>18} | {'all scan CPU/grep':>17}",
         "-" * 94,
     ]
-    for size, *_, cpu, grep_cpu in rows:
+    for size, *_, cpu, grep_cpu, _ in rows:
         crit = max(cpu["python"], cpu["grep"])
         lines.append(f"{size >> 20:>6} MB | {cpu['python']:>10.2f} s | {cpu['grep']:>11.2f} s | {grep_cpu:>10.2f} s | "
                      f"{crit / grep_cpu:>17.2f}x | {(cpu['python'] + cpu['grep']) / grep_cpu:>16.2f}x")
+    lines += [
+        "",
+        "The same scan with grep's answers read line by line as they are needed (GrepFinder.DRAIN = False, the way "
+        "before issue 28: grep and Python take turns on the pipe), in the same rounds:",
+        "",
+        f"{'log size':>9} | {'drained (now)':>13} | {'turn-taking':>11} | {'grep -E|tail':>12} | {'now/grep':>8} | "
+        f"{'turn-taking/grep':>16}",
+        "-" * 84,
+    ]
+    for size, full_s, _, _, grep_s, *_, turn_s in rows:
+        lines.append(f"{size >> 20:>6} MB | {full_s:>11.2f} s | {turn_s:>9.2f} s | {grep_s:>10.2f} s | "
+                     f"{full_s / grep_s:>7.1f}x | {turn_s / grep_s:>15.1f}x")
     incs = [r[5] for r in rows]
     grew = rows[-1][0] / rows[0][0]
     lines += ["", f"incremental cost of +1 MB across sizes: min {min(incs) * 1000:.1f} ms, "

@@ -28,10 +28,12 @@ class GrepFinder:
     """Where the next anchor of buf[:end] is, at or after pos, read from a running grep over the same file.
     The file may have grown since it was mapped: answers at or past end are not this buffer's."""
 
+    DRAIN = True  # False: read grep's pipe line by line as answers are needed (the way before; benchmarks compare)
+
     def __init__(self, proc: subprocess.Popen[bytes], buf: bytes, end: int, anchors: tuple[bytes, ...]) -> None:
         self.proc, self.buf, self.end, self.anchors = proc, buf, end, anchors
         self.out: IO[bytes] | None = proc.stdout
-        self.drain = _Drain(proc.stdout) if proc.stdout is not None else None
+        self.drain = _Drain(proc.stdout) if proc.stdout is not None and self.DRAIN else None
         self.next = -1  # grep's last answer (-1: none read yet)
         self.fallback: AnchorFinder | None = None
         self.line = 0  # the 1-based line number of the line holding self.next (grep -n)
@@ -45,7 +47,7 @@ class GrepFinder:
         if self.fallback is not None:
             return self.fallback.at(pos)
         while self.next < pos:
-            line = self.drain.readline() if self.out is not None and self.drain is not None else b""
+            line = b"" if self.out is None else self.drain.readline() if self.drain is not None else self.out.readline()
             if not line:
                 return self._finished(pos)
             answer = _parse(line)
