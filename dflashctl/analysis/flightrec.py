@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflashctl.agent.lib.flightrec_env import DUMP_DIR  # noqa: F401  (where a run's dumps go; re-exported)
+
 _RANK_RE = re.compile(r"(\d+)(?:\.\w+)?$")  # `…/nccl_trace_rank_3`, `…/fr_trace_rank3.json`
 _SAFE = {("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset", "str", "int", "float", "bool",
                                     "bytes", "complex")}

@@ -5,89 +5,35 @@ finished tracebacks (`match_traceback`: exception type and frames), and `docs/fa
 (`python -m dflashctl.analysis.signatures --markdown`; a test keeps the file in sync).
 
 Rules are deliberately specific: healthy logs say `error_rate=`, `NaN check passed` and `retrying`
-all the time, and a false alarm trains people to ignore the tool.
+all the time, and a false alarm trains people to ignore the tool. A rule's shape is sigrule.Rule; the torch.compile
+family's rules live in sigcompile.py (kept here in DESIGN's order).
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
 
 from dflashctl.analysis import gpuhealth, gpuwindow
+from dflashctl.analysis.sigcompile import CACHE_PATH_RE as CACHE_PATH_RE
+from dflashctl.analysis.sigcompile import (
+    COMPILE_THREAD_RACE,
+    INDUCTOR_CACHE_CORRUPT,
+    NATIVE_COMPILE,
+    RECOMPILE_LIMIT,
+    TRITON_COMPILE,
+)
+from dflashctl.analysis.sigrule import Rule as Rule
+from dflashctl.analysis.sigrule import sig
 from dflashctl.model import Signature
 
 ZERO_RUN = 3  # consecutive training losses of exactly 0.0 that make a `zero-loss`
 
 
-@dataclass(frozen=True)
-class Rule:
-    """How one signature is recognised.
-
-    lines: regexes searched in every log line (ANSI stripped). exc_types: exception types (the last
-    dotted component is compared, so `torch.OutOfMemoryError` and `torch.cuda.OutOfMemoryError` both
-    match `OutOfMemoryError`). frames: substrings of a traceback's `File "…"` paths, used only for
-    tracebacks of crashed worker threads (and of DataParallel replicas, which are threads too). sticky: still
-    worth reporting after training made progress past it (a warning that costs speed, not a crash).
-
-    Every line pattern must contain one of ANCHORS literally: the scanner looks only at lines holding an
-    anchor (or inside a traceback), which is what lets it read gigabytes at near-grep speed. Anchors start
-    with an upper-case letter or `_`, so the regex engine skips ordinary lower-case text cheaply (the scanner
-    finds the few that cannot with bytes.find).
-    """
-
-    signature: Signature
-    lines: tuple[str, ...] = ()
-    exc_types: tuple[str, ...] = ()
-    frames: tuple[str, ...] = ()
-    sticky: bool = False
-    progress_loss: bool = False  # also: a progress line whose loss or grad norm is NaN/inf (found by the scanner)
-    progress_zero: bool = False  # also: consecutive progress lines whose loss is exactly 0.0 (found by the scanner)
-    death: str | None = None  # also: a worker the launcher reports dead this way ("kill": signal 9, "segv": 11)
-    exc_frames: tuple[str, ...] = ()  # exc_types count only for a traceback through one of these paths (any thread)
-    supersedes: tuple[str, ...] = ()  # ids this one explains better: dropped from a report that holds this one
-    examples: tuple[str, ...] = field(default=(), compare=False)  # real lines it must match (tested)
-
-
-# a file path inside a compile cache: inductor's (`/tmp/torchinductor_root/…`, a TORCHINDUCTOR_CACHE_DIR named
-# `…inductor…`, as dflashctl's `<workspace>/cache/inductor`) or Triton's (`~/.triton/cache/…`, dflashctl's
-# `<workspace>/cache/triton/…`)
-_CACHE_PATH = r"(?:/[^\s'\":]*(?:torchinductor_|inductor|/\.triton/cache/|triton/cache/|cache/triton/)[^\s'\":]*)"
-CACHE_PATH_RE = re.compile(_CACHE_PATH + r"\.(?:so|o|py|cubin|ptx|json|pkl|bin|hsaco)\b")
-
-
-def _sig(id_: str, summary: str, remedy: str) -> Signature:
-    return Signature(id=id_, summary=summary, remedy=remedy)
-
-
 RULES: tuple[Rule, ...] = (
+    COMPILE_THREAD_RACE,
     Rule(
-        _sig(
-            "compile-thread-race",
-            "torch.compile raced between threads: dynamo/FX tracing state is process-global and not thread safe.",
-            'Set `compile_strategy = "warmup"` under `[runtime]` in the trainer config (the default; or '
-            "`dflashctl launch -- --set runtime.compile_strategy=warmup`). It compiles and warms every "
-            "compiled function on one thread per device before the drafter threads start, uses fixed shapes, "
-            "applies dynamo/inductor settings inside each thread, never calls eager flex_attention while workers "
-            "run compiled code, and counts recompiles after warm-up. `naive` (compile on first call in each "
-            "thread) reproduces this crash; locks around the first call do not fix it.",
-        ),
-        lines=(
-            r"Detected that you are using FX to symbolically trace a dynamo-optimized function",
-            r"_is_fx_tracing_flag",
-            # a dynamo/inductor failure inside a DataParallel replica (replicas run in threads)
-            r"Caught (?:TorchRuntimeError|InternalTorchDynamoError|BackendCompilerFailed|InductorError|Unsupported|"
-            r"TorchDynamoException|ObservedException|UncapturedHigherOrderOpError) in replica \d+ on device \d+",
-        ),
-        frames=("torch/_dynamo/", "torch/_inductor/", "torch/fx/"),
-        examples=(
-            "RuntimeError: Detected that you are using FX to symbolically trace a dynamo-optimized function. "
-            "This is not supported at the moment.",
-            "torch._dynamo.exc.TorchRuntimeError: Caught TorchRuntimeError in replica 0 on device 0.",
-        ),
-    ),
-    Rule(
-        _sig(
+        sig(
             "cuda-oom",
             "A GPU ran out of memory.",
             "Lower the batch or sequence length, or move the drafter/target to GPUs with free memory; "
@@ -108,7 +54,7 @@ RULES: tuple[Rule, ...] = (
                   "4.75 MiB free; 14.54 GiB reserved in total by PyTorch)"),
     ),
     Rule(
-        _sig(
+        sig(
             "host-oom",
             "The host (container) ran out of RAM.",
             "Reduce data-loader workers, prefetch depth or pinned-memory buffers, or raise the container's "
@@ -126,7 +72,7 @@ RULES: tuple[Rule, ...] = (
                   "memory: you tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)",),
     ),
     Rule(
-        _sig(
+        sig(
             "nccl-timeout",
             "A collective operation timed out (one rank hung or died; the others waited).",
             "Find the rank that stopped first (its log ends earliest); set `TORCH_NCCL_ASYNC_ERROR_HANDLING=1` "
@@ -146,7 +92,7 @@ RULES: tuple[Rule, ...] = (
                   "1800000ms for recv operation to complete"),
     ),
     Rule(
-        _sig(
+        sig(
             "nccl-error",
             "NCCL reported an error (transport, peer access or a CUDA failure inside NCCL).",
             "Run with `NCCL_DEBUG=INFO`; check `nvidia-smi topo -m` and that every GPU of the run is visible "
@@ -158,7 +104,7 @@ RULES: tuple[Rule, ...] = (
                   "NCCLUtils.hpp:275, unhandled cuda error, NCCL version 2.21.5",),
     ),
     Rule(
-        _sig(
+        sig(
             "cuda-illegal-access",
             "A kernel accessed memory it must not (illegal address, device-side assert, misaligned address).",
             "Rerun with `CUDA_LAUNCH_BLOCKING=1` to find the kernel; device-side asserts usually mean an index "
@@ -171,7 +117,7 @@ RULES: tuple[Rule, ...] = (
         examples=("RuntimeError: CUDA error: an illegal memory access was encountered",),
     ),
     Rule(
-        _sig(
+        sig(
             "gpu-hardware",
             "The GPU or driver reported a hardware fault (Xid, ECC, fallen off the bus).",
             "Check `dmesg | grep -i xid` and `nvidia-smi -q -d ECC` on the Proxmox host; drain that GPU "
@@ -184,23 +130,9 @@ RULES: tuple[Rule, ...] = (
         sticky=True,
         examples=("NVRM: Xid (PCI:0000:41:00): 79, pid=91451, GPU has fallen off the bus.",),
     ),
+    RECOMPILE_LIMIT,
     Rule(
-        _sig(
-            "recompile-limit",
-            "torch.compile hit its recompile limit and fell back to eager for that function (slow).",
-            "Something changes shape or a guarded value every step: fix shapes (pad to fixed lengths), mark "
-            "dynamic dims explicitly, and look at `TORCH_LOGS=recompiles`; the trainer reports recompiles "
-            "after warm-up in its heartbeat.",
-        ),
-        lines=(r"hit config\.(?:recompile_limit|cache_size_limit|accumulated_recompile_limit)",
-               r"cache_size_limit reached"),
-        exc_types=("RecompileLimitExceeded", "FailOnRecompileLimitHit"),
-        sticky=True,
-        examples=("W1129 09:51:13.201000 91451 torch/_dynamo/convert_frame.py:964] torch._dynamo hit "
-                  "config.recompile_limit (8)",),
-    ),
-    Rule(
-        _sig(
+        sig(
             "nan-loss",
             "The loss became NaN or infinite.",
             "Lower the learning rate or add warm-up, check for fp16 overflow (use bf16), clip gradients, and "
@@ -212,7 +144,7 @@ RULES: tuple[Rule, ...] = (
                   "{'loss': 1.2031, 'grad_norm': nan, 'learning_rate': 1.9e-05, 'epoch': 0.12}"),
     ),
     Rule(
-        _sig(
+        sig(
             "disk-full",
             "A write failed: no space left on the device (or quota exceeded).",
             "Free space in the workspace (old runs' checkpoints, rotated logs, ~/.cache/torch/inductor); "
@@ -222,7 +154,7 @@ RULES: tuple[Rule, ...] = (
         examples=("OSError: [Errno 28] No space left on device",),
     ),
     Rule(
-        _sig(
+        sig(
             "import-error",
             "A Python module could not be imported (missing package or broken install).",
             "Install the missing package into the container's Python (the one in hosts.toml `python`), or "
@@ -233,7 +165,7 @@ RULES: tuple[Rule, ...] = (
         examples=("ModuleNotFoundError: No module named 'flash_attn'",),
     ),
     Rule(
-        _sig(
+        sig(
             "cuda-graph-capture",
             "A CUDA graph capture failed (a forbidden call during capture, or a capture from another thread).",
             "Capture per thread with `capture_error_mode=\"thread_local\"` (the trainer's default), warm up "
@@ -252,21 +184,9 @@ RULES: tuple[Rule, ...] = (
                r"Capture cuda graph failed"),
         examples=("RuntimeError: CUDA error: operation not permitted when stream is capturing",),
     ),
+    TRITON_COMPILE,
     Rule(
-        _sig(
-            "triton-compile",
-            "Inductor could not compile a Triton kernel.",
-            "Check the Triton/torch versions match; clear the inductor cache (`rm -rf /tmp/torchinductor_$USER`); "
-            "`TORCHINDUCTOR_MAX_AUTOTUNE=0`; as a stopgap compile that function with backend=\"aot_eager\".",
-        ),
-        lines=(r"triton\.compiler\.errors\.\w*Error", r"\bPTXASError\b", r"OutOfResources: out of resource",
-               r"InductorError: (?:[\w.]+\.)?(?:CompilationError|PTXASError|OutOfResources|MLIRCompilationError)",
-               r"PassManager::run failed", r"triton\.runtime\.errors\.\w+Error"),
-        exc_types=("CompilationError", "PTXASError", "OutOfResources", "MLIRCompilationError"),
-        examples=("triton.compiler.errors.CompilationError: at 12:4: error: unsupported type",),
-    ),
-    Rule(
-        _sig(
+        sig(
             "dataloader-worker",
             "A DataLoader worker process died.",
             "Usually host memory (see host-oom) or a crash in the dataset code; run with `num_workers=0` to "
@@ -283,7 +203,7 @@ RULES: tuple[Rule, ...] = (
                   "memory (shm)."),
     ),
     Rule(
-        _sig(
+        sig(
             "distributed-init",
             "The process group could not be initialised (rendezvous, store or port).",
             "Check MASTER_ADDR/MASTER_PORT (a port still held by a zombie of the last run: `dflashctl "
@@ -299,7 +219,7 @@ RULES: tuple[Rule, ...] = (
                   "network address. port: 29500, useIPv6: 0, code: -98, name: EADDRINUSE",),
     ),
     Rule(
-        _sig(
+        sig(
             "segfault",
             "The process died of a segmentation fault (native crash).",
             "Run with `PYTHONFAULTHANDLER=1` to get the Python stack of every thread; common causes are "
@@ -311,7 +231,7 @@ RULES: tuple[Rule, ...] = (
         examples=("Fatal Python error: Segmentation fault",),
     ),
     Rule(
-        _sig(
+        sig(
             "zero-loss",
             "The training loss is stuck at exactly 0.0: nothing is being learned.",
             "Almost always the labels, not the model: every target masked (-100) by the chat template or a "
@@ -321,58 +241,8 @@ RULES: tuple[Rule, ...] = (
         progress_zero=True,
         examples=(),
     ),
-    Rule(
-        _sig(
-            "inductor-cache-corrupt",
-            "A compiled artefact in the inductor/Triton cache is truncated or corrupt (a run killed while "
-            "torch.compile wrote it): every later compile that loads it fails the same way.",
-            "Remove the artefact the evidence line names (only that file, inside the cache), or the whole cache "
-            "directory, and run again: `TORCHINDUCTOR_CACHE_DIR` if set, else `/tmp/torchinductor_$USER` (Triton's "
-            "`TRITON_CACHE_DIR`, else `~/.triton/cache`). Runs dflashctl launches keep theirs in the workspace "
-            "(`<workspace>/cache/inductor`, `<workspace>/cache/triton`), and `dflashctl stop`/`kill-zombies` remove "
-            "what a process they killed left half-written. This is not a missing package: do not reinstall "
-            "anything.",
-        ),
-        lines=(
-            _CACHE_PATH + r"\.(?:so|o|cubin|ptx|hsaco)\b[^:\n]*: (?:file too short|invalid ELF header|"
-            r"ELF load command|unexpected end of file|file format not recognized|error reading|"
-            r"cannot read file data|ELF file's phentsize|undefined symbol: \w+)",
-            r"(?:Error|error)\b.{0,80}" + _CACHE_PATH + r"\.(?:so|o)\b.{0,40}(?:truncated|too short|file too short)",
-        ),
-        exc_types=("EOFError", "UnpicklingError", "SyntaxError", "JSONDecodeError", "BadZipFile"),
-        exc_frames=("torchinductor_", "torch/_inductor/codecache.py", "torch/_inductor/fx_graph", "/.triton/cache/",
-                    "triton/runtime/cache.py", "torch/_inductor/runtime/cache", "torch/_functorch/_aot_autograd/"
-                    "autograd_cache.py"),
-        supersedes=("import-error", "native-compile", "triton-compile"),
-        examples=("torch._inductor.exc.InductorError: ImportError: /tmp/torchinductor_root/x4/cx4vm7.so: file "
-                  "too short",
-                  "ImportError: /tmp/torchinductor_ci/2b/c2bwkmm3.so: invalid ELF header"),
-    ),
-    Rule(
-        _sig(
-            "native-compile",
-            "torch.compile could not build native code: the C/C++ compiler or the linker failed (inductor's C++ "
-            "kernels or wrapper, or Triton's launcher stub).",
-            "Read the compiler's own error lines above the exception. A missing compiler, header (`Python.h`) or "
-            "library (`-lcuda`) is the container's: `apt-get install build-essential python3-dev`, point `CXX`/`CC` "
-            "at a working compiler, make the driver's libcuda.so visible. An error inside the generated kernel "
-            "(`/tmp/torchinductor_…/….cpp`) is an inductor bug: compile that function with backend=\"aot_eager\" "
-            "or exclude it from torch.compile, and report it upstream with the command shown.",
-        ),
-        lines=(r"CppCompileError", r"collect2: error: ld returned \d+ exit status",
-               r"InvalidCxxCompiler", r"No working C compiler found",
-               r"Failed to find C compiler",
-               r"CalledProcessError: Command '\['[^']*?(?:gcc|g\+\+|c\+\+|clang(?:\+\+)?|\bcc)(?:-\d+)?', "
-               r"(?=.{0,2000}(?:torchinductor_|main\.c|\.cpp'|-shared))",
-               r"InductorError: (?:[\w.]+\.)?(?:CalledProcessError|CppCompileError|InvalidCxxCompiler)",
-               r"fatal error: Python.h: No such file or directory", r"error: ld returned \d+ exit status"),
-        exc_types=("CppCompileError", "InvalidCxxCompiler"),
-        examples=("torch._inductor.exc.InductorError: CppCompileError: C++ compile error",
-                  "collect2: error: ld returned 1 exit status",
-                  "subprocess.CalledProcessError: Command '['/usr/bin/gcc', '/tmp/tmpy1gk3r1e/main.c', '-O3', "
-                  "'-shared', '-fPIC', '-o', '/tmp/tmpy1gk3r1e/cuda_utils.cpython-310-x86_64-linux-gnu.so', '-lcuda']' "
-                  "returned non-zero exit status 1."),
-    ),
+    INDUCTOR_CACHE_CORRUPT,
+    NATIVE_COMPILE,
 )
 
 # Literal substrings; a line without any of them (and outside a traceback) cannot match a line pattern.

@@ -191,9 +191,10 @@ def diagnose(
     d = diagnose_cmd.diagnose(list(logs or []), list(gpus or []), progress_regex=progress_regex,
                               kernel_logs=list(kernel_log or []))
     if json_:
-        print_json(d.health.to_record())
+        print_json(d.to_record())
     else:
-        _print(render(f"diagnose {', '.join(d.sources)}", d.health, extra=[f"{d.log.last_line_no} lines"]))
+        _print(render(f"diagnose {', '.join(d.sources)}", d.health, extra=[f"{d.log.last_line_no} lines"],
+                      notes=[f"flight recorder: {b.line()}" for b in d.behind]))
     raise Exit(d.health.exit_code)
 
 

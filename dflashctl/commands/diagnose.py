@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflashctl.analysis import flightrec
 from dflashctl.analysis.gpus import GpuParseError, parse_nvidia_smi, sweeps
 from dflashctl.analysis.health import Evidence, GpuSweep, Health, ProcessState, judge
 from dflashctl.analysis.logscan import LogReport, LogScanner
@@ -27,6 +28,39 @@ class Diagnosis:
     health: Health
     log: LogReport
     sources: list[str] = field(default_factory=list)  # what was read, in order
+    behind: list[flightrec.Behind] = field(default_factory=list)  # the flight recorder's dumps: who is behind, where
+
+    def to_record(self) -> dict[str, Any]:
+        """`diagnose --json`: the health record, and what the flight recorder's dumps say when any were read."""
+        rec = self.health.to_record()
+        if self.behind:
+            rec["flight_recorder"] = [{"process_group": b.pg_name or b.pg, "collective": b.op, "seq": b.seq,
+                                       "behind": list(b.behind), "waiting": list(b.waiting), "summary": b.line()}
+                                      for b in self.behind]
+        return rec
+
+
+def _dumps(paths: list[Path]) -> tuple[list[flightrec.RankTrace], list[str]]:
+    """The flight recorder dumps among paths (files named `<prefix><rank>`), parsed; a file that is not one is a
+    one-line usage error."""
+    traces, sources = [], []
+    for path in paths:
+        rank = flightrec.rank_of(path.name)
+        if rank is None:
+            raise ConfigError(f"{path}: a flight recorder dump's name ends with its rank",
+                              hint="keep torch's file names (…nccl_trace_rank_3)")
+        try:
+            traces.append(flightrec.parse(_read(path), rank))
+        except flightrec.DumpError as e:
+            raise ConfigError(f"{path}: {e}", hint="pass flight recorder dumps as written by torch "
+                              "(TORCH_FR_DUMP_TEMP_FILE), or a run directory") from None
+        sources.append(str(path))
+    return traces, sources
+
+
+def _is_dump(path: Path) -> bool:
+    """A flight recorder dump given as a LOG: torch's own file name (a pickle or JSON trace of one rank)."""
+    return path.is_file() and "trace_rank_" in path.name
 
 
 def user_progress(pattern: str | None) -> re.Pattern[str] | None:
@@ -94,15 +128,18 @@ def diagnose(logs: list[Path], gpu_files: list[Path], *, progress_regex: str | N
 
     A run directory as a LOG brings its rotated logs, errors/*.json, heartbeat.json and exit_code.
     progress_regex: the user's own progress format (analysis.progress.custom)."""
-    if not logs and not gpu_files and not kernel_logs:
+    if not logs and not gpu_files and not kernel_logs:  # (dumps come as LOGs)
         raise ConfigError("nothing to diagnose", hint="dflashctl diagnose train.log [--gpus nvidia-smi.txt]")
     scanner = LogScanner(user_progress(progress_regex))
     sources: list[str] = []
     errors: dict[str, dict[str, Any]] = {}
     heartbeat: dict[str, Any] | None = None
     process = ProcessState()
+    dump_files = [p for p in logs if _is_dump(p)]
+    logs = [p for p in logs if p not in dump_files]
     for path in logs:
         if path.is_dir():
+            dump_files += sorted(f for f in (path / flightrec.DUMP_DIR).glob("*") if f.is_file())
             files = _rotated_logs(path)
             if not files and not (path / "errors").is_dir():
                 raise ConfigError(f"{path} has no train.log", hint="pass the run directory or its train.log")
@@ -148,6 +185,8 @@ def diagnose(logs: list[Path], gpu_files: list[Path], *, progress_regex: str | N
     for path in kernel_logs:
         xid_lines += _read(path).decode("utf-8", "replace").splitlines()
         sources.append(str(path))
+    traces, dump_sources = _dumps(dump_files)
+    sources += dump_sources
     ev = Evidence(now=now, process=process, log=report, sweeps=gpu_sweeps, errors=errors, heartbeat=heartbeat,
                   gpu_report=last_csv, xid_lines=xid_lines)
-    return Diagnosis(judge(ev), report, sources)
+    return Diagnosis(judge(ev), report, sources, flightrec.behind(traces))

@@ -70,3 +70,32 @@ def test_a_pickle_that_is_not_a_dump_is_refused_and_never_run(tmp_path: Path) ->
         flightrec.load(b'{"hello": 1}')
     with pytest.raises(flightrec.DumpError, match="neither a pickle nor JSON"):
         flightrec.load(b"step=1 loss=2.0\n")
+
+
+def test_diagnose_reads_a_run_directorys_dumps_and_says_who_is_behind(dumps: Path, tmp_path: Path) -> None:
+    from dflashctl.commands.diagnose import diagnose
+
+    run = tmp_path / "run-1"
+    (run / flightrec.DUMP_DIR).mkdir(parents=True)
+    (run / "train.log").write_bytes(b"step=1 loss=2.0\nstep=2 loss=1.9\n")
+    for r in (0, 1):
+        (run / flightrec.DUMP_DIR / f"nccl_trace_rank_{r}").write_bytes((dumps / f"fr_trace_rank_{r}").read_bytes())
+    d = diagnose([run], [])
+    assert [b.behind for b in d.behind] == [(1,)]
+    rec = d.to_record()["flight_recorder"]
+    assert rec == [{"process_group": "default_pg", "collective": "all_reduce", "seq": 5, "behind": [1], "waiting": [0],
+                    "summary": d.behind[0].line()}]
+    assert "flight_recorder" not in diagnose([run / "train.log"], []).to_record()  # no dumps read: no key
+
+
+def test_dumps_given_as_files_are_read_as_dumps_and_a_bad_one_is_one_line(dumps: Path, tmp_path: Path) -> None:
+    from dflashctl.commands.diagnose import diagnose
+    from dflashctl.errors import ConfigError
+
+    files = [dumps / f"fr_trace_rank_{r}.json" for r in (0, 1)]
+    assert [b.waiting for b in diagnose(files, []).behind] == [(0,)]
+    bad = tmp_path / "nccl_trace_rank_2"
+    bad.write_bytes(b"not a dump\n")
+    with pytest.raises(ConfigError) as e:
+        diagnose([bad], [])
+    assert "neither a pickle nor JSON" in str(e.value) and "\n" not in str(e.value)
