@@ -118,18 +118,12 @@ class PveEnv(_HostEnv):
     persist: bool = True  # False: hosts.toml says `persist = 0` (no connection master) for the tests of that path
 
     def __post_init__(self) -> None:
-        if self.env_mode not in ENV_MODES:
-            raise ValueError(f"env_mode must be one of {ENV_MODES}, not {self.env_mode!r}")
         self.workspace_dir = self.tmp / f"ct{self.ctid}-workspace"
         self.workspace_dir.mkdir(parents=True, exist_ok=True)
         self.local_workspace_dir = self.tmp / "local-workspace"
         self.conf = self.sshd.pct_state / "lxc" / f"{self.ctid}.conf"
         self.conf.write_text(self._proxmox_conf())
-        keep_default = self.sshd.pct_state / "lxc" / f"{self.ctid}.keep-env-default"
-        if self.env_mode == "clear-env":
-            keep_default.write_text("0\n")
-        else:
-            keep_default.unlink(missing_ok=True)
+        self.set_env_mode(self.env_mode)
         self.gpus = GpuScript(self.sshd.gpu_scenario, self.sshd.gpu_bin)
         self.host = Host(
             name="pve", transport="ssh", address=self.sshd.address, port=self.sshd.port, user="root",
@@ -155,6 +149,18 @@ class PveEnv(_HostEnv):
             f"python = {toml_str(sys.executable)}\n"
         )
         self.start_container()
+
+    def set_env_mode(self, mode: str) -> None:
+        """`pct exec`'s default from now on: "keep-env" (Proxmox VE 8's) or "clear-env" (--keep-env 0, announced as
+        PVE 9's default). The harness's knob: $PCT_STATE/lxc/<CTID>.keep-env-default (bin/pct)."""
+        if mode not in ENV_MODES:
+            raise ValueError(f"env_mode must be one of {ENV_MODES}, not {mode!r}")
+        self.env_mode = mode
+        keep_default = self.sshd.pct_state / "lxc" / f"{self.ctid}.keep-env-default"
+        if mode == "clear-env":
+            keep_default.write_text("0\n")
+        else:
+            keep_default.unlink(missing_ok=True)
 
     def _proxmox_conf(self) -> str:
         """/etc/pve/lxc/<CTID>.conf of the test CT: /workspace as mount point mp0; read-only bind mounts of the

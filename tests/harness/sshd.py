@@ -17,6 +17,7 @@ Why each piece:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import pwd
 import shutil
@@ -31,7 +32,7 @@ from pathlib import Path
 HARNESS = Path(__file__).resolve().parent
 BIN = HARNESS / "bin"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-LXC_ROOT = Path("/tmp/dflashctl-lxc")  # <owner pid>/ per test session: short (LXC's socket names), findable
+LXC_ROOT = Path("/tmp/dflashctl-lxc")  # <owner pid>/<lxcpath>/ per test process: short (LXC's socket names)
 INIT_LXC = "/usr/sbin/init.lxc"
 
 
@@ -61,7 +62,8 @@ def why_lxc_cannot_run() -> str | None:
 
 def _lxc_probe() -> str | None:
     """Start a minimal container, run `true` in it, destroy it: None, or why LXC fails here."""
-    lxcpath = LXC_ROOT / str(os.getpid())
+    owned = _owned_dir()
+    lxcpath = owned / "probe"
     root = lxcpath / "probe" / "rootfs"
     try:
         for d in ("usr", "etc", "proc", "sys", "dev", "tmp"):
@@ -69,7 +71,6 @@ def _lxc_probe() -> str | None:
         for d in ("bin", "lib", "lib64", "sbin"):
             if Path("/usr", d).exists() and not (root / d).is_symlink():
                 (root / d).symlink_to(f"usr/{d}")
-        (lxcpath / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
         (lxcpath / "probe" / "config").write_text(
             f"lxc.uts.name = probe\nlxc.rootfs.path = dir:{root}\nlxc.mount.entry = /usr usr none bind,ro 0 0\n"
             "lxc.mount.auto = proc:mixed sys:ro\nlxc.net.0.type = empty\nlxc.apparmor.profile = unconfined\n"
@@ -86,29 +87,36 @@ def _lxc_probe() -> str | None:
         return f"LXC probe failed: {e}"
     finally:
         destroy_container(lxcpath, "probe")
-        if {p.name for p in lxcpath.iterdir()} <= {"owner"}:  # no session of ours uses it (yet)
-            shutil.rmtree(lxcpath, ignore_errors=True)
+        shutil.rmtree(lxcpath, ignore_errors=True)
+
+
+def _owned_dir() -> Path:
+    """LXC_ROOT/<our pid>, with an `owner` file (pid and start time) that tells a later session whether we live."""
+    owned = LXC_ROOT / str(os.getpid())
+    owned.mkdir(parents=True, exist_ok=True)
+    (owned / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+    return owned
 
 
 def reap_leftover_containers(root: Path = LXC_ROOT) -> list[str]:
     """Stop and destroy the containers of earlier test sessions whose owner process is gone (a killed run),
     then remove their lxcpath. Returns what it removed ("<lxcpath>/<name>")."""
     removed = []
-    for lxcpath in sorted(root.glob("*")) if root.is_dir() else ():
-        if not lxcpath.name.isdigit():
+    for owned in sorted(root.glob("*")) if root.is_dir() else ():
+        if not owned.name.isdigit():
             continue
-        alive = _start_time(int(lxcpath.name))
+        alive = _start_time(int(owned.name))
         try:
-            owner_start = (lxcpath / "owner").read_text().split()[1]
+            owner_start = (owned / "owner").read_text().split()[1]
         except (OSError, IndexError):
             owner_start = alive  # being set up right now by a live session (or a dead one's pid, reused)
         if alive is not None and alive == owner_start:
             continue  # its session still runs
-        for ct in sorted(lxcpath.iterdir()) if lxcpath.is_dir() else ():
-            if (ct / "config").is_file():
+        for lxcpath in sorted(p for p in owned.iterdir() if p.is_dir()):
+            for ct in sorted(p for p in lxcpath.iterdir() if (p / "config").is_file()):
                 destroy_container(lxcpath, ct.name)
                 removed.append(f"{lxcpath}/{ct.name}")
-        shutil.rmtree(lxcpath, ignore_errors=True)
+        shutil.rmtree(owned, ignore_errors=True)
     return removed
 
 
@@ -278,10 +286,9 @@ class SshdServer:
         link.symlink_to(BIN / ("pct" if self.pct_backend == "lxc" else "pct-ns"))
         if self.pct_backend == "lxc":
             reap_leftover_containers()
-            self.lxcpath = LXC_ROOT / str(os.getpid())
-            shutil.rmtree(self.lxcpath, ignore_errors=True)
-            self.lxcpath.mkdir(parents=True)
-            (self.lxcpath / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+            owned = _owned_dir()  # one lxcpath per server: a test may run two (tests/cluster)
+            self.lxcpath = owned / f"s{next(i for i in itertools.count() if not (owned / f's{i}').exists())}"
+            self.lxcpath.mkdir()
             (self.pct_state / "lxcpath").write_text(f"{self.lxcpath}\n")
 
     def _wait_ready(self, timeout: float = 15.0) -> None:
@@ -323,6 +330,9 @@ class SshdServer:
                 if (ct / "config").is_file():
                     destroy_container(self.lxcpath, ct.name)
             shutil.rmtree(self.lxcpath, ignore_errors=True)
+            owned = self.lxcpath.parent
+            if {p.name for p in owned.iterdir()} <= {"owner"}:  # this process's last server: nothing left behind
+                shutil.rmtree(owned, ignore_errors=True)
         run_dir = self.pct_state / "run"
         for pidfile in run_dir.glob("*.pid") if run_dir.exists() else ():
             init, upid, *cgroup = pidfile.read_text().split()

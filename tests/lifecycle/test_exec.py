@@ -1,10 +1,12 @@
 """`launch --exec`: a user's own program (not our trainer) as a run, on the `local` host and through ssh + `pct exec`
-(whose stand-in clears the environment as `lxc-attach --clear-env` does): argv byte-exact, the run's variables and
---env, the marker on every process, status / logs / stop / kill-zombies, a torchrun launch on the CPU; and the
-one-line errors of bad input. The programs are tests/lifecycle/userprog.py's, written into a directory per test."""
+(in both of its environment modes: the ssh session's kept, Proxmox's default, and cleared by --keep-env 0): argv
+byte-exact, the run's variables and --env, the marker on every process, status / logs / stop / kill-zombies, a
+torchrun launch on the CPU; and the one-line errors of bad input. The programs are tests/lifecycle/userprog.py's,
+written into a directory per test."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -20,10 +22,17 @@ pytestmark = pytest.mark.timeout(240)
 ODD_ARGS = ["a b  c", "", "$(touch /tmp/pwned-by-dflashctl)", "`id`", "'\"$HOME\\", "*", "--name", "ünï\u00e9"]
 
 
-@pytest.fixture(params=["local", pytest.param("pve", marks=[pytest.mark.sshd, pytest.mark.slow])])
+@pytest.fixture(params=["local", pytest.param("pve", marks=[pytest.mark.sshd, pytest.mark.slow]),
+                        pytest.param("pve-clear-env", marks=[pytest.mark.sshd, pytest.mark.slow])])
 def box(request, tmp_path) -> Box:
+    """The local host, or the pve container with `pct exec` keeping the ssh session's environment (Proxmox's default)
+    or clearing it (--keep-env 0)."""
     if request.param == "local":
         return local_box(request.getfixturevalue("local_host"), tmp_path)
+    if request.param == "pve-clear-env":
+        pve = request.getfixturevalue("pve")
+        pve.set_env_mode("clear-env")
+        return dataclasses.replace(pve_box(pve), name="pve-clear-env")
     return pve_box(request.getfixturevalue("pve"))
 
 
@@ -51,9 +60,11 @@ def test_a_users_program_runs_byte_exact_with_the_runs_variables_and_is_stopped(
     assert env["DFLASH_RUN_ID"] == run_id and env["DFLASH_RUN_DIR"] == doc["run_dir"]
     assert env["FOO"] == "bar baz" and env["EMPTY"] == "" and env["EQ"] == "a=b" and env["PYTHONUNBUFFERED"] == "1"
     assert env.get("HOME")  # from the passwd database where `pct exec` cleared it
-    if box.name == "pve":  # nothing of the ssh session got through `pct exec` (lxc-attach --clear-env)
-        assert env.get("container") == "lxc" and "SSH_CONNECTION" not in env and "PCT_STATE" not in env
-        assert "DFLASHCTL_HOSTS" not in env
+    if box.name.startswith("pve"):
+        assert env.get("container") == "lxc" and "DFLASHCTL_HOSTS" not in env  # the laptop's never travels
+        # --keep-env 0 (lxc-attach --clear-env): nothing of the ssh session; by default (keep-env) it all comes along
+        cleared = box.name == "pve-clear-env"
+        assert ("SSH_CONNECTION" not in env and "PCT_STATE" not in env) if cleared else "SSH_CONNECTION" in env
     assert seen["cwd"].startswith(f"{box.ct_workspace}/.code/")  # the deployed tree, the version it started in
     assert not Path("/tmp/pwned-by-dflashctl").exists()
     meta = json.loads((rd / "meta.json").read_text())

@@ -15,9 +15,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def container_ps(pve) -> str:
-    return pve.exec(["ps", "-eo", "pid,pgid,stat,args"]).stdout.decode()
+    # -ww: pct exec keeps the caller's environment by default, COLUMNS included (ps cuts at it otherwise)
+    return pve.exec(["ps", "-ww", "-eo", "pid,pgid,stat,args"]).stdout.decode()
 
 
+@pytest.mark.both_env_modes
+@pytest.mark.also_persist_0
 def test_lifecycle_over_ssh_and_pct(pve, cli):
     dep = cli("deploy", "--source", str(FAKE_TRAINER), "--json")
     assert dep.code == 0, dep.err

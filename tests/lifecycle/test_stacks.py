@@ -115,12 +115,8 @@ def test_stacks_of_the_real_trainer_on_the_local_host(local_host, cli, py_spy, m
 
 def set_container_path(pve, extra_dir: Path | None) -> None:
     """The container's PATH (its lxc.environment), with extra_dir first; None: without any py-spy."""
-    lines = pve.conf.read_text().splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith("lxc.environment: PATH="):
-            path = without_py_spy(line.split("=", 1)[1])
-            lines[i] = "lxc.environment: PATH=" + (f"{extra_dir}:{path}" if extra_dir else path)
-    pve.conf.write_text("\n".join(lines) + "\n")
+    path = without_py_spy(pve.environment("PATH") or "")
+    pve.set_environment("PATH", f"{extra_dir}:{path}" if extra_dir else path)
 
 
 def test_stacks_of_the_real_trainer_through_ssh_and_pct(pve, cli, py_spy) -> None:

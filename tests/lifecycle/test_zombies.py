@@ -25,6 +25,7 @@ def test_kill_zombies_kills_only_earlier_runs_on_local(local_host, cli, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+@pytest.mark.both_env_modes
 def test_kill_zombies_kills_only_earlier_runs_in_a_container(pve, cli, tmp_path):
     run_decoy_scenario(cli, pve_box(pve), tmp_path)
 
@@ -139,7 +140,7 @@ def test_host_side_gpu_processes_are_mapped_into_the_container(pve, cli):
     box = pve_box(pve)
     old = box.start("sleeper", "20200101-000000-old", "gpu-old", f"{pve.host.workspace}/runs/20200101-000000-old")[0]
     anon = box.start("sleeper", None, "gpu-anon")[0]
-    init = int((pve.sshd.pct_state / "run" / f"{pve.ctid}.pid").read_text().split()[0])
+    init = pve.init_pid
     ns = os.readlink(f"/proc/{init}/ns/pid")
     h_old, h_anon = _host_pid(ns, old), _host_pid(ns, anon)
     base = root / f"dflash-test-{os.getpid()}-{pve.ctid}"

@@ -198,3 +198,14 @@ def _nspid(proc: Path) -> list[str]:
         if line.startswith("NSpid:"):
             return line.split()[1:]
     return []
+
+
+def test_the_container_has_a_loopback_that_is_up_and_resolves_its_hostname(pve: PveEnv) -> None:
+    """As a Proxmox CT's own init does: `lo` up (torchrun's TCPStore on localhost), its hostname in /etc/hosts."""
+    script = ("import socket\ns = socket.create_server(('localhost', 0))\n"
+              "c = socket.create_connection(('localhost', s.getsockname()[1]))\n"
+              "print(socket.gethostbyname(socket.gethostname()))")
+    res = pve.exec(["python3", "-c", script])
+    assert res.returncode == 0, res.stderr
+    if pve.sshd.pct_backend == "lxc":
+        assert res.stdout == b"127.0.1.1\n"
