@@ -61,8 +61,12 @@ def test_an_ended_run_shows_how_its_process_exited() -> None:
     assert got.splitlines()[0] == (
         "local · run 20261129-102659-demo  CRASHED (exited 1)  pid 2911 · last log 3s ago · step 70 · "
         "19410.5 tok/s · loss 4.766 · τ 1.21")
-    assert got.splitlines()[1:3] == ["  why: exited with code 1; crashed workers: drafter-0",
-                                     "       GPU(s) 0 hold memory that belongs to no live run"]
+    lines = got.splitlines()
+    assert lines[1].startswith("cause: compile-thread-race") and lines[2] == "in: drafter-0"  # the cause first
+    why = lines.index("  why: exited with code 1; crashed workers: drafter-0")
+    assert any(ln.startswith("  | RuntimeError: Detected that") for ln in lines[3:why])  # its traceback's tail
+    assert any(ln.startswith("what to do: Set `compile_strategy") for ln in lines[3:why])
+    assert lines[why + 1] == "       GPU(s) 0 hold memory that belongs to no live run"
     assert "GPUs:" not in got  # readings came: the table, no note
 
 
