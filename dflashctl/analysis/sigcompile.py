@@ -86,6 +86,9 @@ INDUCTOR_CACHE_CORRUPT = Rule(
         r"ELF load command|unexpected end of file|file format not recognized|error reading|"
         r"cannot read file data|ELF file's phentsize|undefined symbol: \w+)",
         r"(?:Error|error)\b.{0,80}" + _CACHE_PATH + r"\.(?:so|o)\b.{0,40}(?:truncated|too short|file too short)",
+        # the bundled trainer's own lines (trainer/compile_cache.py): a recovery (history once training goes on) and
+        # a second failure after it (reported as such)
+        r"^compile cache: corrupt artefact \S+", r"^compile cache: the compile failed again after removing",
     ),
     exc_types=("EOFError", "UnpicklingError", "SyntaxError", "JSONDecodeError", "BadZipFile"),
     exc_frames=("torchinductor_", "torch/_inductor/codecache.py", "torch/_inductor/fx_graph", "/.triton/cache/",

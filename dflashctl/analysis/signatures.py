@@ -257,7 +257,7 @@ ANCHORS: tuple[str, ...] = (
     "Caught", "Tried to allocate", "If reserved", "Timed out waiting", "Heartbeat monitor", "Barrier", "UniqueId",
     "StreamCapture", "Capture cuda graph", "when stream is capturing", "PassManager", "DataLoader",
     "Unexpected ", "too short", "ELF", "CppCompile",
-    "collect2", "torchinductor_", "InvalidCxx", "C compiler", "Python.h", "ld returned",
+    "collect2", "torchinductor_", "compile cache: ", "InvalidCxx", "C compiler", "Python.h", "ld returned",
 )
 
 BY_ID: dict[str, Rule] = {r.signature.id: r for r in RULES}

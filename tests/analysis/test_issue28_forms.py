@@ -159,3 +159,22 @@ NameError handling: none
 step=10 loss=2.1 grad_norm=0.8
 """
     assert _ids(healthy) == []
+
+
+def test_the_trainers_cache_recovery_is_history_once_training_goes_on_and_a_second_failure_is_reported() -> None:
+    from pathlib import Path
+
+    from trainer.compile_cache import CacheFailure, failed_again_line, recovered_line
+
+    root = Path("/ws/cache/inductor")
+    art = "/ws/cache/inductor/x4/cx4vm7.main.so"
+    recovered = recovered_line(CacheFailure(art, f"ImportError: {art}: file too short"), [Path(art)], root)
+    steps = "".join(f"step={i} loss=2.0 tok/s=100.0\n" for i in range(1, 4))
+    assert _ids(f"{recovered}\n{steps}") == []  # recovered: training went on
+    assert _ids(f"{steps}{recovered}\n") == ["inductor-cache-corrupt"]  # nothing after it yet: it stands
+    again = failed_again_line(ImportError(f"{art}: file too short"), root)
+    log = f"{recovered}\n{again}\n"
+    assert _ids(log) == ["inductor-cache-corrupt"]
+    assert str(root) in _evidence(log, "inductor-cache-corrupt")
+    bare = failed_again_line(RuntimeError("Triton Error [CUDA]: device kernel image is invalid"), root)
+    assert _ids(f"{recovered}\n{steps}{bare}\n") == ["inductor-cache-corrupt"]  # the trainer's own words suffice
