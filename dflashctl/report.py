@@ -46,6 +46,7 @@ class RunRecord:
     stopped_by: dict[str, Any] | None = None  # the `stopped` marker: who stopped the run, and why
     events_tail: bytes = b""  # with --runs: the end of its events.jsonl, for its last event
     restart: dict[str, Any] | None = None  # restart.json: the sentinel asked for another attempt (attempt, why)
+    survivors: tuple[dict[str, Any], ...] = ()  # {pid, cmdline} of its tree alive after its end (runstate tree_left)
 
     def __post_init__(self) -> None:
         if not isinstance(self.meta, RunMeta):  # a meta.json doc (or None) given as it was read
@@ -72,7 +73,8 @@ class RunRecord:
                 "pid": self.pid, "alive": self.alive, "ending": self.ending, "exit_code": self.exit_code,
                 "stopped": self.stopped, "stopped_by": self.stopped_by, "verdict": verdict,
                 "started_at": m.started_at, "duration_s": self.duration_s(now), "last_step": last_step,
-                "attempt": m.attempt, "restart_of": m.restart_of, "chain": m.chain, "last_event": last_event}
+                "attempt": m.attempt, "restart_of": m.restart_of, "chain": m.chain, "last_event": last_event,
+                "survivors": [dict(s) for s in self.survivors]}
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,7 @@ def parse_run(doc: Mapping[str, Any]) -> RunRecord:
         ended_at=_float(doc.get("ended_at")), log_size=_int(doc.get("log_size")),
         log_tail=_b64(doc.get("log_tail_b64")), stopped_by=_dict(doc.get("stopped_by")) if doc.get("stopped") else None,
         restart=_dict(doc.get("restart")), events_tail=_b64(doc.get("events_tail_b64")),
+        survivors=tuple(s for s in doc.get("survivors") or () if isinstance(s, dict) and isinstance(s.get("pid"), int)),
     )
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import json
 import os
 import pwd
@@ -39,11 +40,14 @@ import subprocess
 import sys
 import time
 
+from dflashctl.agent.lib.adoption import adopt  # noqa: F401 - `launcher adopt` (remote/scripts.py)
 from dflashctl.agent.lib.attempts import SPEC_FILE, relaunch, wait_before_start
 from dflashctl.agent.lib.checkpoints import newest_checkpoint, take_checkpoint
+from dflashctl.agent.lib.compilecache import run_cache_env
+from dflashctl.agent.lib.diskspace import SPACE_MARGIN, no_space, point_back, readlink
 from dflashctl.agent.lib.flightrec_env import recorder_env
 from dflashctl.agent.lib.frame import reply
-from dflashctl.agent.lib.fsutil import read_bytes, read_int, write_atomic
+from dflashctl.agent.lib.fsutil import read_int, try_write, write_atomic
 from dflashctl.agent.lib.procfs import (
     MARKER,
     RUN_DIR_VAR,
@@ -51,11 +55,10 @@ from dflashctl.agent.lib.procfs import (
     proc_env_var,
     proc_marker,
     proc_stat,
-    process_identity,
 )
 from dflashctl.agent.lib.reaping import KILL_WAIT_S, end_group
 from dflashctl.agent.lib.rundir import HASH_FILE, lock_runs, mkdir_exclusive, now_iso, point_latest
-from dflashctl.agent.lib.runstate import adopted_by, live_latest
+from dflashctl.agent.lib.runstate import live_latest
 from dflashctl.agent.lib.sentinelproc import end_sentinel, start_sentinel, unreachable
 
 GROUP_GRACE_S = 5.0
@@ -100,11 +103,29 @@ def start(spec: dict, source: str, *, wait_pid: bool = True) -> dict:
             return {"error": "no-checkpoint", "message": f"run {resume} has no checkpoint to resume from"}
     if spec.get("exact_id") and os.path.lexists(os.path.join(spec["runs_dir"], spec["base_id"])):
         return {"error": "run-dir", "message": f"run {spec['base_id']} already exists in {spec['runs_dir']}"}
+    need = len(source) + len(spec.get("sentinel_zip_b64") or "") + len(json.dumps(spec)) + SPACE_MARGIN
+    full = no_space(spec["runs_dir"], need)
+    if full:
+        return {"error": "disk-full", "message": full}
     try:
         run_id, run_dir = mkdir_exclusive(spec["runs_dir"], spec["base_id"])
         os.chmod(run_dir, 0o700)  # launch.json / launch_spec.json hold --env values and notify URLs (issue 26)
     except (OSError, RuntimeError) as e:
         return {"error": "run-dir", "message": str(e)}
+    previous = readlink(os.path.join(spec["runs_dir"], "latest"))
+    try:
+        return _fill_and_start(spec, source, run_id, run_dir, checkpoint, resume, exec_mode, command, shell,
+                               config_src, cwd, wait_pid)
+    except OSError as e:  # a disk that filled up meanwhile: nothing half-made is left behind
+        shutil.rmtree(run_dir, ignore_errors=True)
+        point_back(spec["runs_dir"], run_id, previous)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return {"error": "disk-full", "message": no_space(spec["runs_dir"], 1 << 62) or str(e)}
+        return {"error": "run-dir", "message": f"could not create run {run_id}: {e}"}
+
+
+def _fill_and_start(spec: dict, source: str, run_id: str, run_dir: str, checkpoint, resume, exec_mode: bool,  # noqa: ANN001
+                    command, shell, config_src, cwd: str, wait_pid: bool) -> dict:  # noqa: ANN001
     resumed = take_checkpoint(checkpoint, run_dir, resume) if resume and checkpoint else None
     meta = dict(spec["meta"])
     if exec_mode:
@@ -186,6 +207,7 @@ def _run_env(extra: dict, run_id: str, run_dir: str) -> dict:
         env.setdefault("USER", pw.pw_name)
         env.setdefault("LOGNAME", pw.pw_name)
     env.update({str(k): str(v) for k, v in extra.items()})
+    env.update(run_cache_env(os.path.dirname(os.path.dirname(run_dir)), env))  # the user's own always win
     env[MARKER] = run_id
     env[RUN_DIR_VAR] = run_dir
     return env
@@ -197,82 +219,6 @@ def _recorded_hash(cwd: str) -> str | None:
             return f.read().strip() or None
     except OSError:
         return None
-
-
-def adopt(spec: dict) -> int:
-    """spec: {runs_dir, base_id, pid, starttime (as the client saw it), log, meta}. Refusals, as {"error"}:
-    no-such-pid (gone, defunct, or its start time changed: another process now), marked (a process of a run
-    we started), already-adopted, run-alive, no-log, log-not-file."""
-    pid = int(spec["pid"])
-    if pid == 1:
-        return _emit({"error": "init", "message": "pid 1 is the container's init, not a training process"})
-    st = proc_stat(pid)
-    if st is None or st["state"] in ("Z", "X"):
-        return _emit({"error": "no-such-pid", "message": f"process {pid} " + ("has exited (defunct)" if st is not None
-                                                                              else "does not exist")})
-    if spec.get("starttime") is not None and st["starttime"] != int(spec["starttime"]):
-        return _emit({"error": "no-such-pid", "message": f"process {pid} exited (the pid now names another process)"})
-    if not (read_bytes(f"/proc/{pid}/cmdline", 16) or b""):
-        return _emit({"error": "kernel-thread", "message": f"pid {pid} is a kernel thread (it has no command line)"})
-    marker = proc_marker(pid)
-    if marker:
-        return _emit({"error": "marked", "message": f"pid {pid} is part of run {marker}, which dflashctl launched",
-                      "run_id": marker})
-    runs_dir = spec["runs_dir"]
-    lock_runs(runs_dir)
-    identity = _identity(pid)
-    if identity is None:
-        return _emit({"error": "no-such-pid", "message": f"process {pid} exited"})
-    already = adopted_by(runs_dir, identity)
-    if already:
-        return _emit({"error": "already-adopted", "message": f"pid {pid} is already adopted as run {already}",
-                      "run_id": already})
-    live = live_latest(runs_dir)
-    if live:
-        return _emit({"error": "run-alive", "message": f"run {live} is still running", "run_id": live})
-    log = spec["log"]
-    if not os.path.isabs(log):  # `nohup prog > train.log &` names it relative to where it was started
-        log = os.path.join(identity["cwd"] or "/", log)
-    log = os.path.normpath(log)
-    if not os.path.exists(log):
-        return _emit({"error": "no-log", "message": f"log {log} does not exist"})
-    if not os.path.isfile(log):
-        return _emit({"error": "log-not-file", "message": f"log {log} is not a regular file"})
-    try:
-        run_id, run_dir = mkdir_exclusive(runs_dir, spec["base_id"])
-    except (OSError, RuntimeError) as e:
-        return _emit({"error": "run-dir", "message": str(e)})
-    meta = dict(spec.get("meta") or {})
-    meta.update({
-        "id": run_id,
-        "run_dir": run_dir,
-        "kind": "adopted",
-        "argv": identity["cmdline"],
-        "cwd": identity["cwd"],
-        "log": log,
-        "adopted": {k: identity[k] for k in ("pid", "starttime", "boot_time", "clk_tck", "start_epoch", "cmdline")},
-        "started_at": now_iso(identity["start_epoch"]),
-        "started_at_epoch": identity["start_epoch"],
-        "adopted_at": now_iso(),
-        "launched_by": "hand (adopted by dflashctl)",
-    })
-    write_atomic(os.path.join(run_dir, "meta.json"), (json.dumps(meta, indent=2) + "\n").encode())
-    write_atomic(os.path.join(run_dir, "pid"), f"{pid}\n".encode())
-    os.symlink(log, os.path.join(run_dir, "train.log"))  # the probe, logs and status read the adopted log
-    point_latest(runs_dir, run_id)
-    return _emit({"run_id": run_id, "run_dir": run_dir, "pid": pid, "log": log, "cmdline": identity["cmdline"],
-                  "cwd": identity["cwd"], "started_at": meta["started_at"], "pgid": identity["pgid"]})
-
-
-def _identity(pid: int) -> dict | None:
-    from_util = process_identity(pid)
-    if from_util is None:
-        return None
-    try:
-        from_util["cwd"] = os.readlink(f"/proc/{pid}/cwd")
-    except OSError:
-        from_util["cwd"] = None
-    return from_util
 
 
 def _wait_for_pid(run_dir: str, child: int, timeout: float) -> tuple[int | None, int | None]:
@@ -340,7 +286,9 @@ def supervise(run_dir: str) -> int:
     note = f"; stopped {leftovers} leftover process(es) of the run" if leftovers else ""
     _say(f"{spec.get('what') or 'trainer'} exited with code {code}{note}")
     end_sentinel(sentinel, code, _say)
-    write_atomic(exit_path, f"{code}\n".encode())
+    unwritten: list = []
+    if not try_write(exit_path, f"{code}\n".encode(), unwritten):  # a full disk: say so, and still relaunch
+        _say(f"could not record the exit code {code}: {unwritten[0]}")
     relaunch(run_dir, start)
     return 0
 

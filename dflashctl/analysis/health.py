@@ -289,7 +289,11 @@ def judge(ev: Evidence, thresholds: Thresholds = Thresholds()) -> Health:
                        + ("process alive" if proc.alive else "process state unknown (offline)"))
     else:
         verdict, why = _liveness(ev, gpus, progress, since, t)
-        if proc.ending:  # not lost: the exit code comes once the rest of the group is gone
+        if proc.survivors:  # its end is recorded, yet part of its tree lives: not stopped, not finished
+            reasons.append("its main process has ended but not its process tree: "
+                           + ", ".join(f"pid {s.get('pid')} ({s.get('cmdline')})" for s in proc.survivors[:5])
+                           + " still alive; `dflashctl stop` ends them")
+        elif proc.ending:  # not lost: the exit code comes once the rest of the group is gone
             reasons.append("the trainer has exited; its supervisor is ending the rest of its process group "
                            "before it records the exit code")
         reasons += why

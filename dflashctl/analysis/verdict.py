@@ -31,13 +31,14 @@ class ProcessState:
     started_at: float | None = None
     ending: bool = False  # alive, but the trainer has exited: its supervisor is reaping the group (probe `ending`)
     job: str | None = None  # a run that is not training (eval, generate): what it does; it logs no training steps
+    survivors: tuple = ()  # {pid, cmdline} of its process tree alive after its end was recorded (issue 24)
 
 
 def recorded_end(proc: ProcessState) -> tuple[Verdict, str] | None:
     """How the run's own records say it ended: the user's `stopped` marker (written before the first signal,
     so a run being stopped is already `stopped`), else its exit code once the process is gone; None while
     nothing is recorded."""
-    if proc.stopped:
+    if proc.stopped and not proc.survivors:  # never while a process of its tree outlives its recorded end
         return Verdict.STOPPED, (f"stopped by the failure policy: {proc.stopped_why}" if proc.stopped_why
                                  else "stopped by the user")
     if proc.alive is False and proc.exit_code == 0:

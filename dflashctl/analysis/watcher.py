@@ -215,7 +215,8 @@ class Watcher:
         if run:
             process = ProcessState(alive=run.alive, exit_code=run.exit_code, stopped=run.stopped,
                                    stopped_why=stopped_why(run),
-                                   started_at=run.meta.started_at_epoch, ending=run.ending, job=run.meta.job_line)
+                                   started_at=run.meta.started_at_epoch, ending=run.ending, job=run.meta.job_line,
+                                   survivors=run.survivors)
         if doc.gpus is not None and doc.gpus.source is not None:
             self.gpu_report = doc.gpus
         if doc.xid is not None:

@@ -53,13 +53,16 @@ class ZombieScan:
 
 def classify(procs: list[ProcRecord], current: str | None, host_gpu: HostGpuReport | None = None,
              named_pids: tuple[int, ...] = (), known_runs: set[str] | None = None, *,
-             protected: tuple[int, ...] = ()) -> ZombieScan:
+             protected: tuple[int, ...] = (), survivors: tuple[int, ...] = (),
+             survivors_of: str | None = None) -> ZombieScan:
     """Pure decision: which of the probe's processes to end, and why (or why not).
     known_runs: run ids of this workspace; a marker naming another run belongs to another
     workspace (another user, another checkout) and is left alone. None: do not check. A process whose
     DFLASH_RUN_DIR is not this workspace's run directory of its id (`elsewhere`) is another workspace's too.
     protected: processes of the current run that carry no marker (an adopted run's process): never
-    listed, never ended, even when named."""
+    listed, never ended, even when named.
+    survivors: processes of the tree of run survivors_of, whose end is recorded (a `stop` they outlived, a marked
+    process planted after it; runstate.tree_left): ended, marked or not (an adopted run's children carry no marker)."""
     out = ZombieScan(current)
 
     def ours(p: ProcRecord | None) -> bool:
@@ -95,6 +98,9 @@ def classify(procs: list[ProcRecord], current: str | None, host_gpu: HostGpuRepo
 
     for pid, p in sorted(by_pid.items()):
         marker = p.run_id
+        if pid in survivors and p.state != "Z":
+            add(p, f"survivor of run {survivors_of}'s process tree (the run has ended)", KILL)
+            continue
         if pid in protected:
             if pid in named:
                 raise ConfigError(f"pid {pid} is the process of the current run {current} (adopted)",

@@ -10,14 +10,15 @@ never taken for it. Its exit code is unknown when it ends by itself (it is nobod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import shlex
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from dflashctl.commands.launch import LaunchRefused
 from dflashctl.commands.program import program_name, run_slug
-from dflashctl.errors import ConfigError, DflashError, ExitCode, NotFound
 from dflashctl.commands.runlookup import runs_dir
+from dflashctl.errors import ConfigError, DflashError, ExitCode, NotFound
 from dflashctl.remote import probe, scripts
 from dflashctl.remote.target import Target
 
@@ -32,14 +33,42 @@ class AdoptResult:
     cmdline: list[str]
     cwd: str | None
     started_at: str  # when the process started (UTC)
-    leads_group: bool  # stop signals its process group (it leads one), else only the pid
+    leads_group: bool  # it leads a process group (stop ends its whole tree either way)
     host: str = ""  # the host's name in hosts.toml
+    tree: list[dict[str, Any]] = field(default_factory=list)  # its descendants now: {pid, starttime, cmdline}
+    writes_log: list[int] = field(default_factory=list)  # which of them hold the log open
+
+    @property
+    def found(self) -> str:
+        """What adopt found, for a person: "pid 812 is `bash -c …`; its child 813 `python3 train.py` writes the
+        log — adopting both"."""
+        return tree_line(self.pid, self.cmdline, self.tree, self.writes_log)
 
     def to_record(self) -> dict[str, Any]:
         """`adopt --json`."""
         return {"host": self.host, "run_id": self.run_id, "run_dir": self.run_dir, "pid": self.pid,
                 "log": self.log_path, "name": self.name, "cmdline": self.cmdline, "cwd": self.cwd,
-                "started_at": self.started_at, "leads_group": self.leads_group}
+                "started_at": self.started_at, "leads_group": self.leads_group, "tree": self.tree,
+                "writes_log": self.writes_log, "found": self.found}
+
+
+def tree_line(pid: int, cmdline: list[str], tree: list[dict[str, Any]], writers: list[int]) -> str:
+    """One line naming the adopted process, its descendants and which of them writes the log."""
+
+    def cmd(argv: list[str]) -> str:
+        text = shlex.join(argv)
+        return f"`{text if len(text) <= 60 else text[:59] + '…'}`"
+
+    def writes(p: int) -> str:
+        return " writes the log" if p in writers else ""
+
+    line = f"pid {pid} is {cmd(cmdline)}{writes(pid)}"
+    if not tree:
+        return line
+    kin = "its child" if len(tree) == 1 else "below it"
+    line += f"; {kin} " + ", ".join(f"{t['pid']} {cmd(list(t.get('cmdline') or []))}{writes(t['pid'])}"
+                                    for t in tree[:6]) + (f" and {len(tree) - 6} more" if len(tree) > 6 else "")
+    return line + (" — adopting both" if len(tree) == 1 else f" — adopting all {len(tree) + 1}")
 
 
 def adopt(target: Target, pid: int, log: str, name: str | None = None) -> AdoptResult:
@@ -99,7 +128,8 @@ def adopt(target: Target, pid: int, log: str, name: str | None = None) -> AdoptR
     if error:
         raise DflashError(f"adopt on {host.name} failed: {res.get('message') or error}", exit_code=ExitCode.CRASHED)
     return AdoptResult(res["run_id"], res["run_dir"], int(res["pid"]), res["log"], name, list(res["cmdline"]),
-                       res.get("cwd"), res["started_at"], res.get("pgid") == pid, host.name)
+                       res.get("cwd"), res["started_at"], res.get("pgid") == pid, host.name,
+                       tree=list(res.get("tree") or []), writes_log=list(res.get("writes_log") or []))
 
 
 def _where(target: Target) -> str:

@@ -173,6 +173,9 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
     if res.get("error") == "run-alive":  # another launch got there between our preflight and now
         raise LaunchRefused(f"{res['message']} on {host.name} (started while this launch was checking)",
                             hint=f"stop it first: dflashctl stop {res['run_id']}")
+    if res.get("error") == "disk-full":  # checked before anything is made; nothing half-made is left (launcher.py)
+        raise LaunchRefused(f"{res['message']} on {host.name}; nothing was created",
+                            hint="free some space there (old runs, checkpoints) and launch again")
     if res.get("error") == "config-missing":
         raise ConfigError(res["message"], hint="pass --config FILE, or set `config` for the host in hosts.toml")
     if res.get("error") == "code-missing":

@@ -42,7 +42,7 @@ class RunInfo(RunRecord):
         """The run's process as the verdict rules read it (the same record `status` judges)."""
         return ProcessState(alive=self.alive, exit_code=self.exit_code, stopped=self.stopped,
                             stopped_why=stopped_why(self), started_at=self.started_at, ending=self.ending,
-                            job=self.kind if self.is_job else None)
+                            job=self.kind if self.is_job else None, survivors=self.survivors)
 
     def verdict(self, now: float | None = None) -> Verdict:
         """From process state alone: the one rule of analysis/verdict.py."""

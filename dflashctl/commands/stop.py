@@ -1,12 +1,16 @@
-"""stop: end one run (SIGTERM to its process group, grace, SIGKILL) and record that the user did.
+"""stop: end one run's whole process tree (SIGTERM, grace, SIGKILL) and record that the user did.
 
-An adopted run (`dflashctl adopt`) is stopped the same way, its process's identity (pid + start time + argv)
-checked again in the container right before each signal: a pid reused since the adopt is never signalled."""
+The tree is found again in the container at stop time (agent/reaper.py end_tree): the trainer or adopted process,
+what adopt recorded, everything below them by parent links and everything carrying the run's marker, each pid's
+start time checked right before each signal, so a reused pid is never signalled. The signal goes first; the
+`stopped` marker and `exit_code` are best effort (a full disk): what could not be written is reported in
+`unwritten`. A process of the tree still alive afterwards is a survivor, named with its pid: the run is not STOPPED
+then."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dflashctl.analysis.gpus import memory_by_index
@@ -25,11 +29,21 @@ class StopResult:
     escalated: bool  # SIGKILL was needed after the grace period
     recorded_by: str  # "supervisor" (normal) or "stop" (the supervisor was gone)
     gpu_released_mib: dict[int, float] | None  # per GPU index, where GPUs exist
+    members: list[dict[str, Any]] = field(default_factory=list)  # {pid, cmdline, outcome}: the tree it ended
+    survivors: list[dict[str, Any]] = field(default_factory=list)  # {pid, cmdline}: alive after SIGKILL
+    unwritten: list[str] = field(default_factory=list)  # "stopped: No space left on device": records not written
+    cache_removed: list[str] = field(default_factory=list)  # half-written compile-cache artefacts removed
+
+    @property
+    def disk_full(self) -> bool:
+        return any("No space left" in u or "quota" in u.lower() for u in self.unwritten)
 
     def to_record(self) -> dict[str, Any]:
         """`stop --json`."""
         return {"run": self.run_id, "pid": self.pid, "exit_code": self.exit_code, "escalated": self.escalated,
-                "recorded_by": self.recorded_by, "gpu_released_mib": self.gpu_released_mib}
+                "recorded_by": self.recorded_by, "gpu_released_mib": self.gpu_released_mib,
+                "members": self.members, "survivors": self.survivors, "unwritten": self.unwritten,
+                "disk_full": self.disk_full, "cache_removed": self.cache_removed}
 
 
 ENDING_WAIT_S = 15.0  # the supervisor's grace + kill wait for leftovers of the group, with margin
@@ -42,7 +56,7 @@ class NotRunning(DflashError):
 def stop(target: Target, run: str | None, *, grace_s: float = 30.0) -> StopResult:
     info, before = get_run(target, run, gpus=True)
     deadline = time.monotonic() + ENDING_WAIT_S
-    while info.ending and time.monotonic() < deadline:  # already ending by itself: report how it ended
+    while info.ending and not info.survivors and time.monotonic() < deadline:  # ending by itself: see how it ends
         time.sleep(0.25)
         info, before = get_run(target, info.id, gpus=True)
     identity = info.meta.adopted_identity
@@ -66,8 +80,11 @@ def stop(target: Target, run: str | None, *, grace_s: float = 30.0) -> StopResul
             raise NotRunning(f"run {info.id} ended before it could be stopped ({why})")
         raise NotRunning(f"run {info.id} ended before it could be stopped (exit code {res.get('exit_code')})")
     _, after = get_run(target, info.id, gpus=True)
-    return StopResult(info.id, int(res["pid"]), int(res["exit_code"]), bool(res.get("escalated")),
-                      str(res.get("recorded_by")), _gpu_delta(before.gpus, after.gpus))
+    return StopResult(info.id, int(res.get("pid") or 0), int(res["exit_code"]), bool(res.get("escalated")),
+                      str(res.get("recorded_by")), _gpu_delta(before.gpus, after.gpus),
+                      members=list(res.get("members") or []), survivors=list(res.get("survivors") or []),
+                      unwritten=[str(u) for u in res.get("unwritten") or []],
+                      cache_removed=[str(p) for p in res.get("cache_removed") or []])
 
 
 def _gpu_delta(before: GpuReport | None, after: GpuReport | None) -> dict[int, float] | None:

@@ -21,10 +21,21 @@ def scan(target: Target, named_pids: tuple[int, ...] = ()) -> ZombieScan:
     doc = probe.probe_once(target, target.host.workspace, "latest", procs=True, gpus=False, log_max=0,
                            pids=tuple(named_pids) + on_gpu, require_run=False)
     run = doc.run
-    current = run.id if run and run.alive else None
+    left = tuple(int(s["pid"]) for s in run.survivors) if run else ()
+    ended = run is not None and run.exit_code is not None and bool(left)  # its end recorded, its tree not gone
+    current = run.id if run and run.alive and not ended else None
     adopted = run.meta.adopted_identity if run and current else None
     protected = (int(adopted["pid"]),) if adopted and isinstance(adopted.get("pid"), int) else ()
-    found = classify(list(doc.procs), current, host_gpu, named_pids, set(doc.run_ids), protected=protected)
+    if current and left:  # an adopted run whose process is gone while its tree lives on: still the current run
+        protected += left
+    procs = list(doc.procs)
+    missing = tuple(p for p in left if p not in {x.pid for x in procs})
+    if ended and missing:  # unmarked (an adopted run's children): the probe lists them only when asked
+        procs += [p for p in probe.probe_once(target, target.host.workspace, "latest", procs=True, gpus=False,
+                                              log_max=0, pids=missing, require_run=False).procs
+                  if p.pid in missing]
+    found = classify(procs, current, host_gpu, named_pids, set(doc.run_ids), protected=protected,
+                    survivors=left if ended else (), survivors_of=run.id if ended and run else None)
     found.notes += elsewhere  # other containers' and the host's GPU processes: named, never touched
     return found
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
 
-from dflashctl.agent.lib.fsutil import read_json, write_atomic
+from dflashctl.agent.lib.fsutil import read_json, try_write, write_atomic
 from dflashctl.agent.lib.procfs import MARKER
 from dflashctl.agent.lib.reaping import end_group
 from dflashctl.agent.probe.gpus import GpuReader
@@ -94,11 +95,18 @@ class Sentinel:
         return view
 
     def stop_run(self, decision: Decision) -> None:
-        """As `dflashctl stop` does it: the marker first (so every reader says why at once), then the group."""
+        """As `dflashctl stop` does it: the signal first (a full disk must not keep the GPUs busy), then the marker
+        as best effort (so every reader says why), then grace and SIGKILL for the group on a thread of its own."""
         pid = (self.last.run.pid if self.last and self.last.run else None)
-        write_atomic(os.path.join(self.run_dir, "stopped"), json.dumps({
+        if pid:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGTERM)
+        unwritten: list = []
+        try_write(os.path.join(self.run_dir, "stopped"), json.dumps({
             "by": "sentinel", "reason": decision.reason, "detail": decision.detail, "time": time.time(),
-            "pid": pid}).encode())
+            "pid": pid}).encode(), unwritten)
+        for u in unwritten:
+            sys.stderr.write(f"[sentinel] stopped the run but could not write {u}\n")
         if pid:
             threading.Thread(target=end_group, args=(pid, STOP_GRACE_S), daemon=True, name="policy-stop").start()
 

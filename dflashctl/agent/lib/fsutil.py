@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -36,8 +37,24 @@ def read_int(path: str) -> int | None:
 def write_atomic(path: str, data: bytes) -> None:
     """path holds either its old content or all of data, never a part (a reader polls `pid`, `exit_code`)."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk (ENOSPC), a signal: no `*.tmp-PID` left behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def try_write(path: str, data: bytes, unwritten: list) -> bool:
+    """write_atomic as bookkeeping that must never stop what matters (a signal already sent, a run already ended):
+    a failure is appended to unwritten as "NAME: why" and False returned."""
+    try:
+        write_atomic(path, data)
+        return True
+    except OSError as e:
+        unwritten.append(f"{os.path.basename(path)}: {e.strerror or e}")
+        return False

@@ -158,3 +158,81 @@ def _listdir(path: str) -> list[str]:
         return os.listdir(path)
     except OSError:
         return []
+
+
+def process_table() -> dict:
+    """pid -> proc_stat of every process (defunct ones included): one pass over /proc."""
+    table = {}
+    for name in _listdir("/proc"):
+        if name.isdigit():
+            st = proc_stat(int(name))
+            if st is not None:
+                table[int(name)] = st
+    return table
+
+
+def descendants(roots, table: dict) -> set:
+    """Every live process below roots by parent links (ppid), roots excluded. A child whose parent died was
+    reparented (to init or a subreaper) and is not found this way: the run's marker, or a recorded identity, is."""
+    children: dict = {}
+    for pid, st in table.items():
+        children.setdefault(st["ppid"], []).append(pid)
+    found: set = set()
+    todo = [r for r in roots if r]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found and child not in roots:
+                found.add(child)
+                todo.append(child)
+    return {p for p in found if table[p]["state"] not in ("Z", "X")}
+
+
+def ancestors(pid: int, table: dict) -> set:
+    """pid and every process above it (the caller's own shell, `pct exec`, sshd): never part of a run's tree."""
+    out = set()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        pid = (table.get(pid) or proc_stat(pid) or {"ppid": 0})["ppid"]
+    return out
+
+
+def run_tree(run_id: str, run_dir: str, roots, recorded=(), exclude=(), table: dict | None = None) -> dict:
+    """pid -> start time of every live process of one run's tree, found again now (DESIGN §4, issue 24): the roots
+    (a launched run's trainer, an adopted run's process: checked by the caller, a dead root's pid may be reused)
+    and recorded members (adopt's record of the tree: {pid,
+    starttime}) that are still the same process, everything below them by parent links, and every process carrying
+    the run's marker AND its run directory (what double-forked or setsid out of the group and was reparented).
+    exclude: processes never counted (the supervisor and its sentinel, the caller and its ancestors)."""
+    table = process_table() if table is None else table
+    skip = set(exclude)
+
+    def live(pid: int) -> bool:
+        st = table.get(pid)
+        return st is not None and st["state"] not in ("Z", "X") and pid not in skip
+
+    found = {}
+    for rec in recorded:
+        try:
+            pid, start = int(rec["pid"]), int(rec["starttime"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if live(pid) and table[pid]["starttime"] == start:
+            found[pid] = start
+    for pid in roots:
+        if pid and live(pid):
+            found[pid] = table[pid]["starttime"]
+    for pid in descendants(list(found), table):
+        if live(pid):
+            found[pid] = table[pid]["starttime"]
+    if run_id:
+        for pid, st in table.items():
+            if pid not in found and live(pid) and proc_marker(pid) == run_id \
+                    and proc_env_var(pid, RUN_DIR_VAR) == run_dir:
+                found[pid] = st["starttime"]
+    return found
+
+
+def same_process(pid: int, starttime: int) -> bool:
+    """pid still names the live process that started at starttime (the check before every signal)."""
+    st = proc_stat(pid)
+    return st is not None and st["state"] not in ("Z", "X") and st["starttime"] == starttime

@@ -9,7 +9,18 @@ import base64
 import os
 
 from dflashctl.agent.lib.fsutil import read_int, read_json
-from dflashctl.agent.lib.procfs import group_alive, is_process, run_alive
+from dflashctl.agent.lib.procfs import (
+    RUN_DIR_VAR,
+    ancestors,
+    group_alive,
+    is_process,
+    proc_cmdline,
+    proc_env_var,
+    proc_marker,
+    process_table,
+    run_alive,
+    run_tree,
+)
 from dflashctl.agent.lib.runmeta import META_FILE, RunMeta, read_meta
 
 
@@ -36,19 +47,54 @@ def liveness(run_id: str, run_dir: str, pid: int | None, exit_code: int | None,
     run is ending, not lost. `ending`: alive, but the trainer itself is gone. Runs started by a
     launcher that wrote no supervisor.pid fall back to the group alone.
     An adopted run (meta kind "adopted") carries no marker and has no supervisor: it is alive while
-    its process is the one adopted (procfs.is_process: same pid, start time, boot and argv).
+    its process is the one adopted (procfs.is_process: same pid, start time, boot and argv), or any process of
+    its tree (tree_left: what adopt recorded, what lives below it) still lives (`ending`: the adopted one is gone).
+    A run is its process tree (issue 24): once its end is recorded, a process of its tree still alive (one that
+    survived `stop`, one planted with its marker) keeps it alive and ending, never STOPPED: tree_left names them.
     cache: see procfs.group_alive."""
     identity = meta.adopted_identity if meta is not None else None
     if identity is not None:
-        return is_process(identity), False, None
+        root = is_process(identity)
+        left = bool(tree_left(run_id, run_dir, identity, None, cache))
+        return root or left, left and not root, None
     sup = read_int(os.path.join(run_dir, "supervisor.pid"))
     if run_alive(pid, run_id):
         return True, False, sup
     if exit_code is not None:  # recorded: the supervisor's last moments, or a stale file, do not count
-        return False, False, sup
+        left = bool(tree_left(run_id, run_dir, None, sup, cache))
+        return left, left, sup
     if run_alive(sup, run_id) or group_alive(pid, run_id, cache):
         return True, pid is not None, sup
     return False, False, sup
+
+
+def tree_left(run_id: str, run_dir: str, identity: dict | None, sup: int | None, cache: dict | None = None) -> list:
+    """Live processes of a run's tree apart from its root: an adopted run's recorded members (adopt's `tree`,
+    each still the same process) and what lives below them and its root, and every process carrying the run's
+    marker and directory; never the supervisor (its last moments after `exit_code`) or this program and its
+    callers. cache: one /proc pass and one read of every process's marker, shared by every run of a listing."""
+    cache = {} if cache is None else cache
+    key = ("tree", run_id, run_dir)
+    if key in cache:
+        return cache[key]
+    if "table" not in cache:
+        cache["table"] = process_table()
+    table = cache["table"]
+    if "marked" not in cache:
+        marked: dict = {}
+        for p, st in table.items():
+            mark = proc_marker(p) if st["state"] not in ("Z", "X") else None
+            if mark:
+                marked.setdefault(mark, []).append(p)
+        cache["marked"] = marked
+    skip = ancestors(os.getpid(), table) | ({sup} if sup else set())
+    roots = [int(identity["pid"])] if identity is not None and is_process(identity) else []
+    found = run_tree("", run_dir, roots, (identity or {}).get("tree") or [], skip, table)
+    for p in cache["marked"].get(run_id, ()):
+        if p not in skip and proc_env_var(p, RUN_DIR_VAR) == run_dir:
+            found[p] = table[p]["starttime"]
+    cache[key] = sorted(p for p in found if p not in roots)
+    return cache[key]
 
 
 def live_latest(runs_dir: str) -> str | None:
@@ -88,6 +134,11 @@ def run_state(run_id: str, run_dir: str, cache: dict | None = None) -> dict:
     alive, ending, sup = liveness(run_id, run_dir, pid, exit_code, cache, meta)
     if not alive and exit_code is None:  # the supervisor writes it before it exits: one that just did is seen
         exit_code = read_int(os.path.join(run_dir, "exit_code"))
+    survivors = []
+    if ending and (exit_code is not None or meta.adopted_identity is not None):
+        identity = meta.adopted_identity
+        survivors = [{"pid": p, "cmdline": proc_cmdline(p, 200)}
+                     for p in tree_left(run_id, run_dir, identity, None if identity is not None else sup, cache)]
     lead = node_lead_dir(run_dir, meta)
     errors = {}
     err_dir = os.path.join(lead, "errors")
@@ -113,6 +164,7 @@ def run_state(run_id: str, run_dir: str, cache: dict | None = None) -> dict:
         "heartbeat": read_json(os.path.join(lead, "heartbeat.json")),
         "restart": read_json(os.path.join(run_dir, "restart.json")),  # the sentinel asked for another attempt
         "errors": errors,
+        "survivors": survivors,  # processes of its tree alive after its end was recorded (issue 24)
     }
 
 
