@@ -21,7 +21,8 @@ from harness.poll import wait_until
 
 from dflashctl.agent.lib.frame import SENTINEL
 from dflashctl.agent.probe.logwait import MIN_GAP_S, LogWaiter
-from dflashctl.agent.probe.main import parse_args, report
+from dflashctl.agent.probe.main import report
+from dflashctl.agent.probe.request import ProbeRequest
 from dflashctl.agent.probe.urgent import UrgentLines
 from dflashctl.analysis import signatures
 from status.runprog import new_run_dir
@@ -59,7 +60,7 @@ def test_progress_lines_and_chatter_do_not_wake_it_and_a_torn_traceback_does_onc
 def _waiter(tmp_path: Path, inotify: bool) -> tuple[LogWaiter, Path]:
     run = new_run_dir(tmp_path, "20261201-190100-waiter")
     (run / "train.log").write_bytes(PROGRESS % (1, 4.0))
-    args = parse_args(["--workspace", str(tmp_path), "--run", "latest"])
+    args = ProbeRequest(workspace=str(tmp_path), run="latest")
     w = LogWaiter(use_inotify=inotify)
     w.follow(report(args, None, None))
     return w, run
@@ -100,7 +101,7 @@ def test_exit_code_appearing_and_the_trainer_going_away_end_the_wait(tmp_path: P
     try:
         (run / "exit_code").unlink()
         (run / "pid").write_text(f"{trainer.pid}\n")
-        w.follow(report(parse_args(["--workspace", str(tmp_path), "--run", "latest"]), None, None))
+        w.follow(report(ProbeRequest(workspace=str(tmp_path), run="latest"), None, None))
         assert w.pid == trainer.pid
         threading.Thread(target=lambda: done.put(w.wait(time.time() + 600)), daemon=True).start()
         wait_until(lambda: w.looks > 0, what="the waiter in its wait")
