@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from dflashctl import bounds
 from dflashctl.cli.app import app
 from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, console, open_target, print_json
 from dflashctl.errors import ConfigError, ExitCode
@@ -30,7 +31,8 @@ def gpus_cmd(
     hosts: Path | None = HostsOpt,
     watch: bool = typer.Option(False, "--watch", "-w", help="live view (a terminal: full screen, keys; piped: "
                                "plain rows per reading)"),
-    interval: float = typer.Option(2.0, "--interval", "-n", help="seconds between readings with --watch"),
+    interval: float = typer.Option(2.0, "--interval", "-n", callback=bounds.option(bounds.INTERVAL_S),
+                                   help="seconds between readings with --watch"),
     count: int | None = typer.Option(None, "--count", "-c", metavar="N",
                                      help="with --watch piped or --json: stop after N readings"),
     json_out: bool = JsonOpt,

@@ -22,6 +22,7 @@ from dflashctl import bounds
     (["launch", "--timeout", "inf"], "--timeout", "inf"),
     (["hosts", "check", "--timeout", "nan"], "--timeout", "nan"),
     (["deploy", "--max-file-mib", "nan"], "--max-file-mib", "nan"),
+    (["gpus", "--watch", "--interval", "nan"], "--interval", "nan"),
 ])
 def test_a_bad_number_option_is_one_line_with_its_name_and_range_and_exit_2(local_host, cli, argv, option, bad):
     res = cli(*argv)
