@@ -313,8 +313,9 @@ def _stop_waiting(_signum: int, _frame: object) -> None:
 
 
 def _say(line: str) -> None:
-    sys.stderr.write(f"[dflashctl] {line}\n")
-    sys.stderr.flush()
+    with contextlib.suppress(OSError):  # train.log on a full disk: the supervisor goes on without its word
+        sys.stderr.write(f"[dflashctl] {line}\n")
+        sys.stderr.flush()
 
 
 def _reap_group(pgid: int) -> int:
