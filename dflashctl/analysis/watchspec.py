@@ -80,6 +80,17 @@ def parse_idle_limit(text: str) -> IdleLimit:
     return IdleLimit(pct, parse_duration(m.group(2), "idle limit duration"))
 
 
+def where(url: str) -> str:
+    """scheme://host[:port] of a URL: how a notify target's place is shown (labels, delivery errors) — never its
+    user:password, path or query, which hold secrets (sentinel/deliver.py redact keeps them out of error lines)."""
+    parts = urlsplit(url)
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{parts.hostname or ''}{port}"
+
+
 @dataclass(frozen=True)
 class NotifyTarget:
     """One place a notification goes: a webhook (JSON POST), a Slack-compatible webhook ({"text": …}), an
@@ -95,8 +106,8 @@ class NotifyTarget:
         if self.kind == "command":
             return f"command {self.command!r}"
         parts = urlsplit(self.url or "")
-        where = f"{parts.scheme}://{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")  # no user:pass
-        return f"{self.kind} {where}/…" if parts.path not in ("", "/") else f"{self.kind} {where}"
+        place = where(self.url or "")
+        return f"{self.kind} {place}/…" if parts.path not in ("", "/") or parts.query else f"{self.kind} {place}"
 
     @property
     def address(self) -> tuple[str, int] | None:

@@ -31,7 +31,7 @@ from typing import Any
 from urllib.error import HTTPError, URLError
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from dflashctl.analysis.watchspec import NotifyTarget
+from dflashctl.analysis.watchspec import NotifyTarget, where
 
 URGENT_KINDS = ("worker-crashed", "policy", "stalled")
 FAILED_VERDICTS = ("crashed", "lost", "stopped")
