@@ -160,10 +160,11 @@ def end_tree(find, grace_s: float, after_first_signal=None) -> dict | None:  # n
     sent: dict = {}
 
     def hit(found: dict, sig: int) -> None:
-        for pid, start in found.items():
+        for pid, start in found.items():  # read them all first: a signalled process's parent may exit at once
             if pid not in seen:
                 seen[pid], cmdlines[pid] = start, proc_cmdline(pid, 200)
                 caches.extend(d for d in cache_dirs_of(pid) if d not in caches)
+        for pid, start in found.items():
             if same_process(pid, start):  # the start time checked right before the signal: never a reused pid
                 with contextlib.suppress(OSError):
                     os.kill(pid, sig)

@@ -225,7 +225,7 @@ def stop(
 def _short_cmd(cmdline: str, width: int = 70) -> str:
     """The command as a person reads it: program base name, then its arguments."""
     prog, _, rest = cmdline.partition(" ")
-    text = f"{prog.rsplit('/', 1)[-1]} {rest}".strip()
+    text = f"{prog.rsplit('/', 1)[-1]} {rest}".strip().replace("\n", "\\n")
     return text if len(text) <= width else text[: width - 1] + "…"
 
 

@@ -56,7 +56,7 @@ def tree_line(pid: int, cmdline: list[str], tree: list[dict[str, Any]], writers:
     """One line naming the adopted process, its descendants and which of them writes the log."""
 
     def cmd(argv: list[str]) -> str:
-        text = shlex.join(argv)
+        text = shlex.join(argv).replace("\n", "\\n")
         return f"`{text if len(text) <= 60 else text[:59] + '…'}`"
 
     def writes(p: int) -> str:

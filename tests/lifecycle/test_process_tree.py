@@ -78,6 +78,7 @@ def test_stop_ends_an_adopted_shell_wrapper_and_the_trainer_it_waits_for(box, cl
     assert stop.code == 103, stop.err
     sdoc = stop.json()
     assert sorted(m["pid"] for m in sdoc["members"]) == sorted([shell, trainer]) and sdoc["survivors"] == []
+    assert all(m["cmdline"] for m in sdoc["members"])  # read before any signal: the shell exits with its child
     settle(box, [shell, trainer])
     after = cli("status", "--json")
     assert after.json()["verdict"] == "stopped" and after.code == 103
