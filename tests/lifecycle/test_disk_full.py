@@ -128,3 +128,22 @@ def test_launch_on_a_full_disk_is_a_one_line_refusal_that_leaves_nothing(full, c
     assert sorted(p.name for p in runs.iterdir()) == before and leftovers(runs) == []
     again = cli("launch", "--source", str(src), "--exec", "--", "python3", "treeprog.py")  # a retry: still nothing
     assert again.code == 2 and sorted(p.name for p in runs.iterdir()) == before
+
+
+def test_the_failure_policy_stops_a_run_on_a_full_disk(full, request, cli, tmp_path):
+    """The sentinel's policy stop sends its signal before it writes `stopped`: a full disk does not keep the run
+    (and its GPUs) going. The GPUs turn idle only once the disk is full, so the stop happens on the full disk."""
+    box, runs = full
+    gpus = request.getfixturevalue("local_host" if box.name == "local" else "pve")
+    gpus.set_gpus([{"memory.used": 70000, "utilization.gpu": 90}])
+    src = write_tree_prog(tmp_path / "proj")
+    launched = cli("launch", "--source", str(src), "--json", "--idle-limit", "5%@2s", "--exec", "--", "python3",
+                   "treeprog.py")
+    assert launched.code == 0, launched.err
+    run_dir = runs / launched.json()["run_id"]
+    tree = tree_of(run_dir)
+    fill(runs)
+    gpus.set_gpus([{"memory.used": 70000, "utilization.gpu": 0}])
+    settle(box, [tree["pid"]], timeout=120)
+    assert not (run_dir / "stopped").exists()  # it could not be written: the signal went anyway
+    assert leftovers(runs) == []
