@@ -5,7 +5,7 @@ marker are checked again in the container (pid reuse).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dflashctl.analysis.zombies import KILL, ZombieRow, ZombieScan, classify
@@ -43,6 +43,7 @@ def scan(target: Target, named_pids: tuple[int, ...] = ()) -> ZombieScan:
 @dataclass
 class KillReport:
     rows: list[ZombieRow]
+    cache_removed: list[str] = field(default_factory=list)  # half-written compile-cache artefacts of those ended
 
     # "changed": the pid now belongs to another process, so the one we listed is gone; "defunct": dead,
     # holding nothing, waiting only to be reaped.
@@ -60,6 +61,7 @@ class KillReport:
 def kill(target: Target, found: ZombieScan, grace_s: float = 10.0) -> KillReport:
     """SIGTERM, grace, SIGKILL, verified, for the rows marked kill; the rest are untouched."""
     victims = found.to_kill
+    removed: list[str] = []
     if victims:
         spec = {"targets": [{"pid": r.pid, "starttime": r.starttime, "marker": r.run_id} for r in victims],
                 "grace_s": grace_s}
@@ -68,7 +70,8 @@ def kill(target: Target, found: ZombieScan, grace_s: float = 10.0) -> KillReport
         for r in victims:
             o = outcomes.get(str(r.pid)) or {"outcome": "unknown"}
             r.outcome = o.get("outcome")
-    return KillReport(found.rows)
+        removed = [str(p) for p in res.get("cache_removed") or []]
+    return KillReport(found.rows, removed)
 
 
 def record(found: ZombieScan, *, dry_run: bool, report: KillReport | None = None) -> dict[str, Any]:
@@ -76,4 +79,5 @@ def record(found: ZombieScan, *, dry_run: bool, report: KillReport | None = None
     doc = {**found.to_record(), "dry_run": dry_run, "ended": len(report.ended) if report else 0}
     if report is not None:
         doc["failed"] = len(report.failed)
+        doc["cache_removed"] = report.cache_removed
     return doc

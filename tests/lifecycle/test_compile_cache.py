@@ -105,3 +105,30 @@ def test_a_cache_dir_given_with_env_is_the_one_used_and_cleaned(box, cli, tmp_pa
     stop = cli("stop", "--grace", "5", "--json")
     assert stop.code == 103 and f"{mine}/cabc123.main.so" in stop.json()["cache_removed"], stop.out + stop.err
     assert (box.ct(mine) / "cdone456.main.so").exists()
+
+
+def test_kill_zombies_removes_what_an_earlier_runs_leftover_left_half_written(box, cli, tmp_path):
+    """A leftover of an earlier run (its marker) that wrote into its cache: ended by kill-zombies, which removes
+    its half-written artefacts and keeps the whole ones."""
+    write_tree_prog(box.ct(f"{box.ct_workspace}/old"))
+    run_id = "20200101-000000-old"
+    run_dir = f"{box.ct_workspace}/runs/{run_id}"
+    box.ct(run_dir).mkdir(parents=True)
+    (box.ct(run_dir) / "exit_code").write_text("0\n")
+    cache = f"{box.ct_workspace}/cache/inductor"
+    started = box.sh('cd "$1/old" && DFLASH_RUN_ID="$2" DFLASH_RUN_DIR="$3" TORCHINDUCTOR_CACHE_DIR="$4" '
+                     '"$5" treeprog.py --half-write </dev/null >/dev/null 2>&1 & echo $!',
+                     [box.ct_workspace, run_id, run_dir, cache, box.python])
+    assert started.returncode == 0, started.stderr
+    tree = tree_of(box.ct(run_dir))
+    res = cli("kill-zombies", "--yes", "--json")
+    assert res.code == 0, res.err
+    doc = res.json()
+    assert [z["pid"] for z in doc["zombies"]] == [tree["pid"]] and doc["ended"] == 1
+    local = box.ct(cache)
+    removed = sorted(doc["cache_removed"])
+    assert len(removed) == 2 and removed[0].startswith(f"{cache}/.{tree['pid']}.") and removed[0].endswith(".tmp")
+    assert removed[1] == f"{cache}/cabc123.main.so", removed
+    assert not list(local.glob(f".{tree['pid']}.*.tmp")) and not (local / "cabc123.main.so").exists()
+    assert (local / "cdone456.main.so").exists()
+    settle(box, [tree["pid"]])
