@@ -64,6 +64,11 @@ def launch(
                                        help="local TOML config, uploaded as <run-dir>/config.toml "
                                             "(default: the host's `config`, else trainer/configs/tiny-cpu.toml)"),
     kill_zombies: bool = KillZombiesOpt,
+    exclude_unhealthy_gpus: bool = typer.Option(False, "--exclude-unhealthy-gpus",
+                                                help="leave out GPUs with critical health findings (uncorrectable "
+                                                     "ECC, pending/failed row remaps, Xid 48/79/94/95): a program "
+                                                     "gets the rest as CUDA_VISIBLE_DEVICES; refused when none "
+                                                     "remain, or for the trainer, which needs its configured GPUs"),
     resume_from: str | None = typer.Option(None, "--resume-from", metavar="RUN",
                                            help="continue an ended run (id or latest) from its newest checkpoint, "
                                                 "in a new run directory, with its config unless --config"),
@@ -125,6 +130,7 @@ def launch(
                                     extra=[] if exec_ else words, command=words if exec_ else None, shell=shell,
                                     env=launch_cmd.parse_env(list(env or [])), host_command=True,
                                     source=source, resume_from=resume_from,
+                                    exclude_unhealthy_gpus=exclude_unhealthy_gpus,
                                     confirm=wait_for == "started" and not follow,
                                     watch=_watch_opts(sentinel, notify, notify_on, on_worker_failure, idle_limit,
                                                       stall_limit, restart_on, max_restarts, backoff))

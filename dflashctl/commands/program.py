@@ -43,6 +43,7 @@ class LaunchOptions:
     watch: WatchOptions = field(default_factory=WatchOptions)  # the run's sentinel: notify, failure policy, restarts
     run_id: str | None = None  # this exact run id (a cluster's later nodes take the first node's); refused if taken
     runner: list[str] = field(default_factory=list)  # after python, before `-m MODULE`: `-m torch.distributed.run …`
+    exclude_unhealthy_gpus: bool = False  # leave out GPUs with critical health findings (analysis/gpuexclude.py)
 
 
 
