@@ -74,7 +74,8 @@ def hosts_check(
     timeout: float = typer.Option(60.0, "--timeout", callback=bounds.option(bounds.TIMEOUT_S),
                                   help="seconds allowed for each host's checks"),
 ) -> None:
-    """Connect to each host and check: container running, python, nvidia-smi + GPUs, workspace, disk.
+    """Connect to each host and check: container running, python, nvidia-smi + GPUs, the container's /dev/nvidia*
+    and driver against the Proxmox host's, workspace, disk, py-spy (can it attach).
 
     Exit 0 only when every check passes (warnings pass). Hosts are checked concurrently."""
     from rich.table import Table

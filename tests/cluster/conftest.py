@@ -16,7 +16,7 @@ from lifecycle.conftest import CliResult, cli  # noqa: F401 - the in-process CLI
 
 @pytest.fixture(scope="module")
 def second_sshd(sshd_server: SshdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdServer]:
-    server = SshdServer(tmp_path_factory.mktemp("sshd2")).start()
+    server = SshdServer(tmp_path_factory.mktemp("sshd2"), pct_backend=sshd_server.pct_backend).start()
     try:
         yield server
     finally:
@@ -74,10 +74,11 @@ class TwoHosts:
 
 @pytest.fixture
 def two_hosts(sshd_server: SshdServer, second_sshd: SshdServer, tmp_path: Path,
-              monkeypatch: pytest.MonkeyPatch) -> Iterator[TwoHosts]:
+              monkeypatch: pytest.MonkeyPatch, pct_env_mode: str) -> Iterator[TwoHosts]:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    pve1, pve2 = PveEnv(sshd_server, tmp_path / "a"), PveEnv(second_sshd, tmp_path / "b")
+    pve1 = PveEnv(sshd_server, tmp_path / "a", env_mode=pct_env_mode)
+    pve2 = PveEnv(second_sshd, tmp_path / "b", env_mode=pct_env_mode)
     hosts_file = tmp_path / "hosts.toml"
     known = tmp_path / "known_hosts"
     known.write_text(sshd_server.known_hosts.read_text() + second_sshd.known_hosts.read_text())

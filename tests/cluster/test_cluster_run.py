@@ -21,6 +21,7 @@ def _meta(hosts, env, run_id: str) -> dict:
     return json.loads((hosts.runs_dir(env) / run_id / "meta.json").read_text())
 
 
+@pytest.mark.both_env_modes
 def test_launch_across_two_hosts_trains_shows_both_nodes_and_stop_ends_both(two_hosts, cli):
     h = two_hosts
     res = cli("launch", "--host", "pve1,pve2", "--rendezvous-port", str(h.port), "--name", "duo run", "--json", *TRAIN,

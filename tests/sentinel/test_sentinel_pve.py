@@ -74,6 +74,7 @@ def deploy(tmp_path: Path, name: str, text: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.both_env_modes
 def test_a_crashed_drafter_reaches_a_webhook_once_with_thread_exception_and_remedy(pve, capsys) -> None:  # noqa: ANN001
     with Receiver("ok") as rx:
         done = dflashctl("launch", "--name", "sentinel-a", "--notify", rx.url(), "--json", "--env",

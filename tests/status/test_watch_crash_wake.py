@@ -18,6 +18,7 @@ RUN_ID = "20261201-190000-wake"
 
 
 @pytest.mark.slow
+@pytest.mark.both_env_modes
 def test_a_crash_reaches_the_watch_long_before_the_next_interval(pve) -> None:  # noqa: ANN001 - harness PveEnv
     pve.set_gpus([{"index": i, "memory.used": 47421 + i, "utilization.gpu": 0} for i in range(2)])
     run = start_in_container(pve, RUN_ID, step_s=0.05)
