@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from dflashctl.analysis.safe_names import MalformedReply, safe_name
 from dflashctl.commands import status as status_cmd
 from dflashctl.commands.cluster_runs import ClusterStatus, NodeRow, judge
 from dflashctl.config import Inventory
@@ -31,6 +32,11 @@ def watch_across(inv: Inventory, first: Host, cluster: dict[str, Any], run_id: s
     stop = threading.Event()
 
     def pump(name: str, rank: int) -> None:
+        try:  # a member's name comes from a container's meta.json: a plain name, or that node is an error row
+            safe_name(name, "cluster member host name", first.name)
+        except MalformedReply as e:
+            reports.put(NodeRow(repr(name)[:40], rank, error=e.message, exit_code=int(e.exit_code)))
+            return
         host = first if name == first.name else inv.hosts.get(name)
         while not stop.is_set():
             if host is None:
@@ -40,6 +46,9 @@ def watch_across(inv: Inventory, first: Host, cluster: dict[str, Any], run_id: s
             views = status_cmd.watch(lambda h=host: connect(h), run_id, interval=interval)
             try:
                 for v in views:
+                    if v.gone:  # its run directory, container or host is gone: that node's watch is over
+                        reports.put(NodeRow(name, rank, error=v.gone_why, exit_code=v.exit_code))
+                        return
                     reports.put(NodeRow(name, rank, v))
                     if stop.is_set() or (v.health.verdict.is_terminal and not v.settling):
                         return
