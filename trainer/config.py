@@ -18,6 +18,8 @@ ATTENTION_PATHS = ("auto", "sdpa", "flex")
 FAILURE_POLICIES = ("abort", "continue")
 SCHEDULES = ("cosine", "constant")
 DIST_BACKENDS = ("auto", "gloo", "nccl")
+LAYOUTS = ("threads", "processes")
+REDUCE_DTYPES = ("bf16", "fp32")
 TARGET_DTYPES = ("auto", "bfloat16", "float32")
 PUBLISHED_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 """DFlash's loss decay per block size, as published (issue 13); other sizes fall back to 7 * B / 16."""
@@ -173,6 +175,16 @@ class RuntimeConfig:
     30 minutes; a peer that dies is noticed sooner). Must exceed rank 0's pauses between steps (evaluation)."""
     dist_bucket_mb: float = 25.0
     """Several processes: the gradient all-reduce's bucket size in MiB (DDP's default); 0 = one bucket."""
+    layout: str = "threads"
+    """threads: one process, a coordinator thread runs the target over devices.target and one drafter thread per
+    devices.drafters entry (the seed's 5+3); under torchrun each process is such a group. processes: N ranks under
+    torchrun, each one GPU holding a target replica and one drafter (devices.target = devices.drafters = one
+    device, shifted per local rank), gradients reduced by torch DDP (bucketed, overlapped with the backward)."""
+    grad_reduce_dtype: str = "bf16"
+    """layout = processes: the dtype gradients travel in (DDP's bf16 compression hook; fp32 = uncompressed)."""
+    dist_warmup_timeout_s: float = 1800.0
+    """Several processes: how long the barrier after warm-up waits for the slowest rank's cold compile (through
+    the group's store, so the collectives' shorter dist_timeout_s never trips on compile skew)."""
 
 
 @dataclass
@@ -377,6 +389,15 @@ def validate(cfg: Config, name: str) -> None:
     need(rt.heartbeat_interval_s > 0, "runtime.heartbeat_interval_s", "must be > 0")
     need(rt.dist_backend in DIST_BACKENDS, "runtime.dist_backend", f"one of {DIST_BACKENDS}")
     need(rt.dist_timeout_s > 0, "runtime.dist_timeout_s", "must be > 0")
+    need(rt.layout in LAYOUTS, "runtime.layout", f"one of {LAYOUTS}")
+    need(rt.grad_reduce_dtype in REDUCE_DTYPES, "runtime.grad_reduce_dtype", f"one of {REDUCE_DTYPES}")
+    need(rt.dist_warmup_timeout_s > 0, "runtime.dist_warmup_timeout_s", "must be > 0")
+    need(rt.layout != "processes" or (len(dv.drafters) == 1 and list(dv.target) == list(dv.drafters)),
+         "runtime.layout", "'processes' holds the target and one drafter on one device per rank: set "
+         "devices.target and devices.drafters to the same single device (e.g. [\"cuda:0\"]; each torchrun rank "
+         "shifts it to its own GPU)")
+    need(rt.layout != "processes" or rt.on_worker_failure == "abort", "runtime.on_worker_failure",
+         "'continue' is for the threads layout; use 'abort' with layout = 'processes'")
     need(rt.dist_bucket_mb >= 0, "runtime.dist_bucket_mb", "must be >= 0 (0 = one bucket)")
     need(rt.recompile_limit >= 1, "runtime.recompile_limit", "must be >= 1")
 

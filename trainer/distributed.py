@@ -20,6 +20,8 @@ FAILURE_KEY = "dflash/failure"
 """Set once, by the first rank whose run aborts: `rank R THREAD crashed: TYPE: MESSAGE`."""
 ACK_KEY = "dflash/abort-acks"
 """Ranks that have logged the failure and are exiting; the failing rank waits for them (bounded)."""
+WARM_KEY = "dflash/warm"
+"""Ranks that finished their warm-up (the barrier before the first training collective)."""
 ACK_WAIT_S = 3.0
 POLL_INTERVAL_S = 0.5
 MIB = 1 << 20
@@ -101,6 +103,22 @@ class Dist:
             return f"rank {self.rank} lost the process group's store: {type(e).__name__}: {e}"
         return None
 
+    def warm_barrier(self, timeout_s: float, poll_s: float = 0.1) -> None:
+        """Every rank has finished its warm-up (model load and cold compile), through the store: its own timeout
+        (`runtime.dist_warmup_timeout_s`), not the collectives' shorter one, so rank skew in compile time never
+        trips a collective's watchdog at step 1. Raises DistError naming how many ranks arrived, or another rank's
+        failure."""
+        self.store.add(WARM_KEY, 1)
+        deadline = time.monotonic() + timeout_s
+        while (ready := self.store.add(WARM_KEY, 0)) < self.world_size:
+            if self.store.check([FAILURE_KEY]):
+                raise DistError(self.store.get(FAILURE_KEY).decode(errors="replace"))
+            if time.monotonic() > deadline:
+                raise DistError(f"rank {self.rank}: {ready} of {self.world_size} ranks finished warm-up within "
+                                f"{timeout_s:.0f}s; raise runtime.dist_warmup_timeout_s if a cold compile takes "
+                                "longer, or look at the missing ranks' logs")
+            time.sleep(poll_s)
+
     def exit_together(self) -> None:
         """On abort: count this rank out, then wait (bounded) until every rank has, so the failing rank's message
         reaches the others' logs before its exit tears the collectives down."""
@@ -174,6 +192,8 @@ def place_devices(target: list[str], drafters: list[str], d: Dist) -> tuple[list
     drafters alike) shifted by local_rank * (highest index + 1): `cuda:0, cuda:1` with two processes a node is
     cuda:0-1 for local rank 0 and cuda:2-3 for local rank 1."""
     idx = [int(x.partition(":")[2] or 0) for x in [*target, *drafters] if x.startswith("cuda")]
+    if os.environ.get("DFLASH_RANKS_SHARE_DEVICES") == "1":  # benchmarks/gpu_check.sh: 2 ranks on its one GPU
+        return list(target), list(drafters)
     if not d.active or d.local_world_size <= 1 or not idx:
         return list(target), list(drafters)
     shift = d.local_rank * (max(idx) + 1)

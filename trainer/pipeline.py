@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from trainer import checkpoint, compile_cache, graph_probe
+from trainer import checkpoint, compile_cache, ddp, graph_probe
 from trainer.allreduce import Aborted, AllReduce
 from trainer.compile import (
     CompileCounter,
@@ -32,7 +32,7 @@ from trainer.compile import (
 from trainer.config import Config
 from trainer.data import MarkovData
 from trainer.dataset import GeneratedData
-from trainer.distributed import Dist, dump_replicas, failure_line, resume_state, save_positions
+from trainer.distributed import Dist, DistError, dump_replicas, failure_line, resume_state, save_positions
 from trainer.eval import PeriodicEval
 from trainer.export import drafter_meta, load_exported, read_exported
 from trainer.hf import build_target
@@ -124,11 +124,24 @@ class Trainer:
         self.allreduce = AllReduce(list(range(self.n)), cross)  # bucketed, overlapped with the in-process sum
         self.counter = CompileCounter()
         self.progress = Progress()
-        self.heartbeat = Heartbeat(self.rank_dir, list(cfg.devices.target) + self.devices, rt.compile_strategy)
+        self.heartbeat = Heartbeat(self.rank_dir, list(cfg.devices.target) + self.devices, rt.compile_strategy,
+                                   layout=self.layout_info())
+        self.ddp: torch.nn.Module | None = None  # layout = processes under torchrun: built after the warm-up barrier
+        self._pending: tuple[int, Tensor, float, torch.cuda.Event | None] | None = None  # last step's stats
         self.start_step = 0
         self._phase = "starting"
         self._last_report: tuple[float, int] | None = None
         self._t_start = time.monotonic()
+
+    def layout_info(self) -> dict[str, object]:
+        """The heartbeat's `layout`: which device of this rank holds what (`dflashctl status` shows it)."""
+        held: dict[str, list[str]] = {}
+        for dev in self.cfg.devices.target:
+            held.setdefault(dev, []).append("target" if len(self.cfg.devices.target) == 1 else "target-shard")
+        for i, dev in enumerate(self.devices):
+            held.setdefault(dev, []).append(f"drafter-{self.dist.rank * self.n + i}")
+        return {"kind": self.cfg.runtime.layout, "rank": self.dist.rank, "world_size": self.dist.world_size,
+                "devices": held}
 
     # ---- setup -------------------------------------------------------------------------------------------
     def _restore(self) -> None:
@@ -189,6 +202,8 @@ class Trainer:
         real = label_mask(block_pos, item.ends.to(dev))
         use_flex = self.attention[rank] == "flex"
         mask = (flex_block_mask if use_flex else dense_mask)(anchors, ids.shape[1], bs)
+        if self.ddp is not None:  # the process layout: DDP's hooks reduce the gradients during the backward
+            return self.ddp(block_ids, block_pos, hidden, mask, labels, self.weights[dev], use_flex, real)
         return self.step_fns[dev](self.replicas[rank], block_ids, block_pos, hidden, mask, labels,
                                   self.weights[dev], use_flex, real)
 
@@ -226,7 +241,9 @@ class Trainer:
         info = self.sup.threads["coordinator"]
         try:
             for step in range(self.start_step, tr.steps):
-                if self.sup.stop.is_set():
+                # the process layout agrees on its stop a step late (_train_step_ddp): the drafters decide when
+                # to stop and the coordinator feeds them until they do
+                if self.sup.stop.is_set() and (self.ddp is None or self._drafters_done()):
                     break
                 self.fault.check("coordinator", step, self.sup.stop)
                 batch = self.data.batch(step, self.dist.world_size * self.n * bs)
@@ -242,6 +259,9 @@ class Trainer:
         except Aborted:
             pass
 
+    def _drafters_done(self) -> bool:
+        return all(self.sup.threads[f"drafter-{r}"].state in (CRASHED, FINISHED) for r in range(self.n))
+
     def _drafter(self, rank: int) -> None:
         name = f"drafter-{rank}"
         apply_thread_settings(self.cfg.runtime)
@@ -254,10 +274,11 @@ class Trainer:
                     if item is None:
                         break
                     self.fault.check(name, item.step, self.sup.stop)
-                    stop = self._train_step(rank, item)
+                    stop = (self._train_step_ddp if self.ddp is not None else self._train_step)(rank, item)
                     info.step = item.step + 1
                     if stop:
                         break
+                self._settle(rank)
         except Aborted:
             pass
         except BaseException:
@@ -293,6 +314,43 @@ class Trainer:
         loss_v, acc_v, acc_len_v, stop_v = avg[off:].tolist()
         if rank == group[0]:
             self._report(rank, len(group), item.step, loss_v, acc_v, acc_len_v, lr)
+        return stop_v > 0
+
+    def _train_step_ddp(self, rank: int, item: Work) -> bool:
+        """The process layout's step: DDP reduces the gradients during the backward (bf16 buckets, overlapped); the
+        step's [loss, acc, acc_len, stop] are summed across ranks asynchronously and read one step later, after
+        the next step's work is queued, so the host never waits for the device at a step's end. The stop flag is
+        thereby agreed one step late, alike on every rank. Returns True when the group agreed to stop."""
+        replica, opt, dev = self.replicas[rank], self.opts[rank], self.devices[rank]
+        opt.zero_grad(set_to_none=True)
+        loss, acc, acc_len = self._forward(rank, item)
+        loss.backward()
+        stop_flag = torch.tensor(float(self.sup.stop.is_set()), device=dev)
+        stats = torch.stack([loss.detach().float(), acc.float(), acc_len.float(), stop_flag])
+        work = ddp.reduce_stats_async(stats)
+        stop = self._settle(rank)  # the previous step's stats: weights are still those after that step
+        params = [p for p in replica.parameters() if p.requires_grad]
+        torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
+        lr = lr_at(item.step, self.cfg.train)
+        for param_group in opt.param_groups:
+            param_group["lr"] = lr
+        opt.step()
+        work.wait()  # on NCCL: the stream waits, not the host
+        stats.div_(self.dist.world_size)
+        host = stats.to("cpu", non_blocking=True) if stats.is_cuda else stats
+        self._pending = (item.step, host, lr, mark(stats) if stats.is_cuda else None)
+        return stop
+
+    def _settle(self, rank: int) -> bool:
+        """Report the pending step (log line, eval, checkpoint); True when its stop flag is set."""
+        if self._pending is None:
+            return False
+        step, host, lr, ready = self._pending
+        self._pending = None
+        if ready is not None:
+            ready.synchronize()
+        loss_v, acc_v, acc_len_v, stop_v = host.tolist()
+        self._report(rank, 1, step, loss_v, acc_v, acc_len_v, lr)
         return stop_v > 0
 
     def _report(self, rank: int, n_ranks: int, step: int, loss: float, acc: float, acc_len: float, lr: float) -> None:
@@ -340,7 +398,8 @@ class Trainer:
              f"devices={','.join(self.devices)} target={','.join(cfg.devices.target)} "
              f"compile_strategy={rt.compile_strategy} attention={','.join(sorted(set(self.attention)))} "
              f"target_layers={self.layer_ids} drafter_params={n_params} block_size={cfg.drafter.block_size} "
-             f"drafter_compute={str(self.replicas[0].compute_dtype).removeprefix('torch.')}"
+             f"drafter_compute={str(self.replicas[0].compute_dtype).removeprefix('torch.')} layout={rt.layout} "
+             f"tokens_per_step={self.dist.world_size * self.n * cfg.train.batch_size * cfg.train.seq_len}"
              + (f" rank={self.dist.rank} world_size={self.dist.world_size}" if self.dist.active else ""))
         for note in self.notes:
             emit(note)
@@ -352,6 +411,18 @@ class Trainer:
             secs = self._warmup_recovering()
             emit(f"warmup done compile_s={secs:.1f} graphs={self.counter.frames()}")
         self.counter.mark_warm()
+        if self.dist.active:
+            try:
+                t0 = time.monotonic()
+                self.dist.warm_barrier(rt.dist_warmup_timeout_s)
+                emit(f"warm-up barrier passed waited_s={time.monotonic() - t0:.1f} ranks={self.dist.world_size}")
+            except DistError as e:
+                self.sup.first_error = self.sup.first_error or f"warm-up: {e}"
+                self._remote = str(e) if "crashed" in str(e) else None
+                return self._abort()
+            if rt.layout == "processes":
+                self.ddp = ddp.wrap(self.replicas[0], self.step_fns[self.devices[0]], self.devices[0],
+                                    rt.dist_bucket_mb, rt.grad_reduce_dtype)
         self._phase = "training"
         self._last_report = (time.perf_counter(), self.start_step)
         threads = [threading.Thread(target=self._coordinator, name="coordinator", daemon=True)]

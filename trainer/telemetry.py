@@ -98,8 +98,10 @@ def _rss_mib() -> float:
 class Heartbeat:
     """Writes <run-dir>/heartbeat.json atomically; the main thread calls `write` every interval."""
 
-    def __init__(self, run_dir: Path, devices: list[str], compile_strategy: str) -> None:
+    def __init__(self, run_dir: Path, devices: list[str], compile_strategy: str,
+                 layout: dict[str, Any] | None = None) -> None:
         self.path = run_dir / "heartbeat.json"
+        self.layout = layout
         self.devices = list(dict.fromkeys(devices))
         self.compile_strategy = compile_strategy
         self.nvml = _Nvml() if any(d.startswith("cuda") for d in self.devices) else None
@@ -124,4 +126,6 @@ class Heartbeat:
         doc = {"time": time.time(), "pid": os.getpid(), "step": progress.step, "tok_s": progress.tok_s,
                "loss": progress.loss, "phase": phase, "threads": threads, "devices": self.device_stats(),
                "recompiles": recompiles, "compile_strategy": self.compile_strategy}
+        if self.layout is not None:
+            doc["layout"] = self.layout
         atomic_write_bytes(self.path, json.dumps(doc).encode())

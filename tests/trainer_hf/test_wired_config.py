@@ -27,7 +27,7 @@ def run_trainer(*args: str) -> subprocess.CompletedProcess:
                           timeout=120, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
 
 
-@pytest.mark.parametrize("name", ["seed-8gpu.toml", "one-gpu.toml"])
+@pytest.mark.parametrize("name", ["seed-8gpu.toml", "seed-8gpu-threads.toml", "one-gpu.toml"])
 def test_gpu_configs_validate_against_a_checkpoint_config(tmp_path, name):
     cfg = load_config(REPO / "trainer" / "configs" / name, [f"target.path={fake_qwen3_8b(tmp_path)}"])
     assert cfg.target.num_layers == 36 and cfg.target.hidden_size == 4096 and cfg.target.vocab_size == 151936
@@ -92,7 +92,7 @@ def test_cli_checkpoint_without_weights_is_one_line_with_exit_2(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"trainer: error: {ckpt}: cannot load the checkpoint"), lines
 
 
-@pytest.mark.parametrize("name", ["seed-8gpu.toml", "one-gpu.toml"])
+@pytest.mark.parametrize("name", ["seed-8gpu.toml", "seed-8gpu-threads.toml", "one-gpu.toml"])
 def test_cli_gpu_config_with_a_target_path_gets_past_config_validation(tmp_path, name):
     """No unknown keys: the run fails only later, at the devices (no GPU here) or, on a GPU machine, at the data
     directory the config names (not generated here; checked before the weights, which the fake lacks)."""
