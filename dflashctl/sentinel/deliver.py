@@ -119,16 +119,6 @@ def credentials(url: str) -> tuple[str, dict[str, str]]:
     return urlunsplit(parts._replace(netloc=netloc)), {"Authorization": f"Basic {token}"}
 
 
-def where(url: str) -> str:
-    """scheme://host[:port] of a URL: how an error names the place (no credentials, no path, no query)."""
-    parts = urlsplit(url)
-    try:
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        port = ""
-    return f"{parts.scheme}://{parts.hostname or ''}{port}"
-
-
 def redact(text: str, target: NotifyTarget) -> str:
     """text with the secret parts of target's URL (user:password, the password, the path, the query) replaced by
     `…`: the one rule for every line that shows or logs a notify target's doing (NotifyTarget.label names it)."""
