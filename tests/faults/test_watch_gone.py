@@ -145,8 +145,6 @@ def pve_sleeper(pve, cli, tmp_path):
     yield res.json()["run_id"]
     if pve.container_running():
         pve.exec(["sh", "-c", "pkill -KILL -x sleep || true"])  # inside the test's own container only
-    else:
-        pve.start_container()  # the fixture's own teardown stops it
 
 
 @pytest.mark.sshd
