@@ -60,7 +60,8 @@ def build_for_eval(cfg: Any, device: str, drafter_state: dict[str, Any] | None,
     return target, drafter, layer_ids
 
 
-def load_eval_prompts(source: str | Path, tokenizer: Any, limit: int = 0) -> list[list[int]]:
+def load_eval_prompts(source: str | Path, tokenizer: Any, limit: int = 0,
+                      thinking: bool | None = None) -> list[list[int]]:
     """Token ids from a prompt JSONL (through the chat template) or the prompts of a generated data dir."""
     from trainer.dataset import DataError, read_samples
     from trainer.prompt_file import encode_prompt, load_prompts
@@ -70,7 +71,7 @@ def load_eval_prompts(source: str | Path, tokenizer: Any, limit: int = 0) -> lis
         if source.is_dir():
             prompts = [s.ids[: s.prompt_len].tolist() for s in read_samples(source)]
         else:
-            prompts = [encode_prompt(tokenizer, r) for r in load_prompts(source)]
+            prompts = [encode_prompt(tokenizer, r, thinking) for r in load_prompts(source)]
     except DataError as e:
         raise EvalError(str(e)) from None
     return prompts[: limit or None]
@@ -104,13 +105,13 @@ class Chat:
     """Multi-turn prompts the reference's way: the conversation so far through the chat template (generation
     prompt added), and the speculative output decoded back into text as the assistant's turn."""
 
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Any, thinking: bool | None = None) -> None:
+        self.tokenizer, self.thinking = tokenizer, thinking
 
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
         from trainer.prompt_file import encode_prompt
 
-        return encode_prompt(self.tokenizer, {"messages": messages})
+        return encode_prompt(self.tokenizer, {"messages": messages}, self.thinking)
 
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)

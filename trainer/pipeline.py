@@ -101,9 +101,10 @@ class Trainer:
         if cfg.drafter.init_from:
             load_exported(base, cfg.drafter.init_from, init_weights)
         self.replicas: list[Drafter] = [copy.deepcopy(base).to(d) for d in self.devices]
+        # fused on CUDA: one kernel per step for all parameters, not one per tensor (SpecForge's optimizer too)
         self.opts = [torch.optim.AdamW(r.parameters(), lr=tr.lr, betas=tuple(map(float, tr.betas)),
-                                       weight_decay=tr.weight_decay)
-                     for r in self.replicas]
+                                       weight_decay=tr.weight_decay, fused=True if d.startswith("cuda") else None)
+                     for r, d in zip(self.replicas, self.devices, strict=True)]
         self.weights = {d: position_weights(cfg.drafter.block_size, cfg.gamma, d) for d in set(self.devices)}
         per_dev = threads_per_device(self.devices)
         self.notes: list[str] = []
