@@ -1,5 +1,6 @@
 """The console script's first step: `dflashctl version` answers before typer (and everything it pulls in) is
-imported, since scripts call it in loops and a version check should cost about what `python -c pass` does; every
+imported, since scripts call it in loops and a version check should cost about what `python -c pass` does; so does a
+one-shot `status` of the plain shape (cli/statusonce.py: typer's coercion imports pydantic), which scripts poll; every
 other command line goes to the typer app (cli/__init__.py main), which renders its own help and coerces its own
 values."""
 
@@ -14,6 +15,12 @@ def main() -> int:
 
         print(__version__)
         return 0
+    if sys.argv[1:2] == ["status"]:  # a one-shot status of the plain shape, before typer (cli/statusonce.py)
+        from dflashctl.cli.statusonce import quick
+
+        code = quick(sys.argv[2:])
+        if code is not None:
+            return code
     from dflashctl.cli import main as cli_main
 
     return cli_main()

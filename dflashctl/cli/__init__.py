@@ -12,27 +12,27 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import typer
-from typer._click.core import Context
-from typer._click.exceptions import NoArgsIsHelpError
-from typer.exceptions import TyperException
-from typer.main import get_command
-
 from dflashctl.cli import common
-from dflashctl.cli.app import app
 from dflashctl.errors import DflashError, ExitCode
 
-# Verb groups register on `app` when imported (each module owns its verbs).
-# The import order is the order of `dflashctl --help`.
-# isort: off
-from dflashctl.cli import hosts as _hosts  # noqa: E402,F401
-from dflashctl.cli import deploy as _deploy  # noqa: E402,F401
-from dflashctl.cli import launch as _launch  # noqa: E402,F401
-from dflashctl.cli import runs as _runs  # noqa: E402,F401
-from dflashctl.cli import stacks as _stacks  # noqa: E402,F401
-from dflashctl.cli import status as _status  # noqa: E402,F401
-from dflashctl.cli import gpus as _gpus  # noqa: E402,F401
-# isort: on
+
+def typer_app() -> Any:
+    """The typer app with every verb registered. Imported when a command line reaches typer, not with this package:
+    the one-shot status answered before typer (cli/statusonce.py, entry.py) lives in it too."""
+    from dflashctl.cli.app import app
+
+    # Verb groups register on `app` when imported (each module owns its verbs).
+    # The import order is the order of `dflashctl --help`.
+    # isort: off
+    from dflashctl.cli import hosts as _hosts  # noqa: F401
+    from dflashctl.cli import deploy as _deploy  # noqa: F401
+    from dflashctl.cli import launch as _launch  # noqa: F401
+    from dflashctl.cli import runs as _runs  # noqa: F401
+    from dflashctl.cli import stacks as _stacks  # noqa: F401
+    from dflashctl.cli import status as _status  # noqa: F401
+    from dflashctl.cli import gpus as _gpus  # noqa: F401
+    # isort: on
+    return app
 
 
 def plain_metavars(command: Any, ctx: Any = None) -> Any:
@@ -40,6 +40,8 @@ def plain_metavars(command: Any, ctx: Any = None) -> Any:
     `<str>`): a flag takes no value, so it shows none, and a valued option shows its name (NAME), as click's help
     always did. Display only: parsing and coercion stay typer's. The help option (-h/--help) is made here, with the
     app's names, as click would make it at the first parse."""
+    from typer._click.core import Context
+
     ctx = Context(command, parent=ctx, info_name=command.name, **(command.context_settings if ctx is None else {}))
     help_option = command.get_help_option(ctx)
     for p in [*command.params, *([help_option] if help_option is not None else [])]:
@@ -52,8 +54,13 @@ def plain_metavars(command: Any, ctx: Any = None) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """The console script: the verb's exit code (DESIGN §5); never a traceback for a DflashError."""
+    import typer
+    from typer._click.exceptions import NoArgsIsHelpError
+    from typer.exceptions import TyperException
+    from typer.main import get_command
+
     try:
-        rv = plain_metavars(get_command(app))(args=argv, prog_name="dflashctl", standalone_mode=False)
+        rv = plain_metavars(get_command(typer_app()))(args=argv, prog_name="dflashctl", standalone_mode=False)
     except DflashError as e:
         common.error(e.message, hint=e.hint)
         return int(e.exit_code)

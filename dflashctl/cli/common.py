@@ -13,8 +13,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import typer
-
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -99,10 +97,20 @@ def print_json(doc: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-HostsOpt = typer.Option(None, "--hosts", help="hosts.toml to use (else $DFLASHCTL_HOSTS, ./hosts.toml, "
-                        "~/.config/dflashctl/hosts.toml)", metavar="FILE")
-HostOpt = typer.Option(None, "--host", "-H", help="host name from hosts.toml (default: its `default`)")
-JsonOpt = typer.Option(False, "--json", help="print JSON (schema 1) instead of a table")
+def __getattr__(name: str) -> Any:
+    """HostsOpt, HostOpt, JsonOpt: typer's option objects, made when a verb module first imports them, so that the
+    one-shot `status` (cli/statusonce.py, answered before typer) can use this module without importing typer."""
+    if name not in ("HostsOpt", "HostOpt", "JsonOpt"):  # the import system asks for __path__ and the like
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import typer
+
+    made = {"HostsOpt": lambda: typer.Option(None, "--hosts", help="hosts.toml to use (else $DFLASHCTL_HOSTS, "
+                                             "./hosts.toml, ~/.config/dflashctl/hosts.toml)", metavar="FILE"),
+            "HostOpt": lambda: typer.Option(None, "--host", "-H",
+                                            help="host name from hosts.toml (default: its `default`)"),
+            "JsonOpt": lambda: typer.Option(False, "--json", help="print JSON (schema 1) instead of a table")}
+    value = globals()[name] = made[name]()
+    return value
 
 
 @contextmanager

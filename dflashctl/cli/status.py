@@ -13,14 +13,9 @@ from typing import TYPE_CHECKING
 import typer
 
 from dflashctl import bounds
+from dflashctl.cli import statusonce
 from dflashctl.cli.app import app
-from dflashctl.cli.cluster import (
-    ClusterOpt,
-    entry_host,
-    status_across,
-    status_known,
-    watch_across,
-)
+from dflashctl.cli.cluster import ClusterOpt, entry_host, watch_across
 from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, err, escape, print_json
 from dflashctl.errors import ConfigError
 
@@ -89,24 +84,13 @@ def status(
         if not 0 < gpu_interval <= interval:
             raise ConfigError(f"--gpu-interval {gpu_interval:g} must be above 0 and at most --interval ({interval:g})",
                               hint="e.g. dflashctl status --watch --gpu-interval 0.2")
+    if not watch:  # the body the console script also runs before typer (entry.py)
+        statusonce.show(statusonce.OneShot(run, hosts, host, json_, events), cluster)
     inv = _load_hosts(hosts)
     across = cluster is not None or (host is not None and "," in host)
-    if across and not watch:  # the members are known: every node asked in one round
-        status_known(inv, host, cluster, run, json_)
     h = inv.get(entry_host(inv, host, cluster))  # a run across hosts is asked on its first host, which names the rest
-    from dflashctl.commands import status as status_cmd
     from dflashctl.remote import connect
 
-    if not watch:
-        with connect(h) as target:
-            v = status_cmd.status_once(target, run)
-        if v.run is not None and v.run.meta.members:
-            status_across(inv, v, json_)
-        if json_:
-            print_json(v.to_record())
-        else:
-            _print(render_view(v, events=None if events else 5))
-        raise Exit(v.exit_code)
     if across:  # every node at once, one connection per host
         watch_across(inv, h, run, interval, json_, exit_on_failure)
     _watch(lambda: connect(h), run, interval, json_, exit_on_failure, None if events else 5,

@@ -112,3 +112,86 @@ def test_status_of_a_finished_run_loads_none_of_the_launch_or_cluster_machinery(
     assert rc == 0 and json.loads(out)["verdict"] == "finished", out
     assert loaded(mods, ("dflashctl.commands.launch", "dflashctl.commands.cluster", "dflashctl.commands.cluster_runs",
                          "dflashctl.commands.deploy", "paramiko")) == []
+
+
+def _finished_run(tmp_path: Path) -> Path:
+    run = tmp_path / "ws" / "runs" / "20261201-120000-done"
+    run.mkdir(parents=True)
+    (run / "meta.json").write_text('{"id": "20261201-120000-done", "name": "done"}')
+    (run / "train.log").write_text("step=1 loss=1.0 tok/s=10.0\ntraining finished\n")
+    (run / "exit_code").write_text("0\n")
+    (run.parent / "latest").symlink_to(run.name)
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text('default = "here"\n[hosts.here]\ntransport = "local"\nworkspace = "ws"\n')
+    return hosts
+
+
+def _console(*argv: str, cwd: Path) -> tuple[int, str, str, set[str]]:
+    """The installed console script (dflashctl/entry.py) in a new interpreter: exit, stdout, stderr, modules."""
+    code = ("import json, sys\nsys.argv = ['dflashctl', *sys.argv[1:]]\nfrom dflashctl.entry import main\n"
+            "rc = main()\nsys.stderr.write('\\nMODULES ' + json.dumps({'rc': rc, 'modules': sorted(sys.modules)})"
+            " + '\\n')\n")
+    p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120, cwd=cwd)
+    head, _, tail = p.stderr.rpartition("\nMODULES ")
+    doc = json.loads(tail)
+    return doc["rc"], p.stdout, head, set(doc["modules"])
+
+
+def _same_but_time(a: str, b: str) -> tuple[dict, dict]:
+    """Two `status --json` documents without the fields that tell when they were read."""
+    def strip(doc: dict) -> dict:
+        return {k: v for k, v in doc.items() if k not in ("time", "probe_time", "age_s")}
+    return strip(json.loads(a)), strip(json.loads(b))
+
+
+def test_the_console_scripts_one_shot_status_answers_before_typer_with_the_typer_verbs_output(tmp_path: Path) -> None:
+    """`status --json` of the plain shape (cli/statusonce.py) is answered without typer or pydantic (typer's
+    coercion imports it: about half a one-shot status's laptop CPU), with the same document and exit code the typer
+    verb gives for the same command line, and the same one-line error for a host that is not in hosts.toml."""
+    hosts = _finished_run(tmp_path)
+    for argv in (["status", "--json", "--hosts", str(hosts)], ["status", "latest", f"--hosts={hosts}", "--json"],
+                 ["status", "--json", "-H", "here", "--hosts", str(hosts)]):
+        rc, out, _, mods = _console(*argv, cwd=tmp_path)
+        assert rc == 0 and json.loads(out)["verdict"] == "finished", (argv, out)
+        assert loaded(mods, ("typer", "pydantic", "pydantic_core", "click", "rich")) == [], argv
+        trc, tout, _ = fresh(*argv, cwd=tmp_path)
+        assert trc == rc
+        mine, typers = _same_but_time(out, tout)
+        assert mine.keys() == typers.keys() and mine["verdict"] == typers["verdict"] and mine["run"] == typers["run"]
+    rc, out, err, mods = _console("status", "--json", "--host", "nope", "--hosts", str(hosts), cwd=tmp_path)
+    assert rc == 2 and out == "" and err.startswith("ERROR: unknown host 'nope'") and "Traceback" not in err
+    assert "typer" not in mods
+    trc, tout, _ = fresh("status", "--json", "--host", "nope", "--hosts", str(hosts), cwd=tmp_path)
+    assert (trc, tout) == (rc, out)
+
+
+def test_the_table_of_a_one_shot_status_is_the_typer_verbs_table(tmp_path: Path) -> None:
+    hosts = _finished_run(tmp_path)
+    rc, out, _, mods = _console("status", "--hosts", str(hosts), cwd=tmp_path)
+    trc, tout, _ = fresh("status", "--hosts", str(hosts), cwd=tmp_path)
+    assert rc == trc == 0 and "typer" not in mods and "20261201-120000-done" in out
+    strip = lambda s: [ln for ln in s.splitlines() if " ago" not in ln and "age" not in ln]  # noqa: E731
+    assert strip(out) == strip(tout)
+
+
+@pytest.mark.parametrize("argv", [["status", "--watch"], ["status", "--help"], ["status", "--json", "--json"],
+                                  ["status", "--host="], ["status", "--host"], ["status", "a", "b"],
+                                  ["status", "--", "x"], ["status", "--all"], ["status", "-w"],
+                                  ["status", "--host", "--json"], ["status", "--hots", "x"]])
+def test_every_other_status_command_line_is_typers_to_parse(argv: list[str], tmp_path: Path) -> None:
+    """Help, --watch, a repeated or missing value, a second RUN, `--`, a typo: typer parses, explains and refuses,
+    as for every verb (the plain shape only skips typer's start)."""
+    from dflashctl.cli.statusonce import parse
+
+    assert parse(argv[1:]) is None
+    _, _, _, mods = _console(*argv, "--hosts", str(tmp_path / "none.toml"), cwd=tmp_path)
+    assert "typer" in mods
+
+
+def test_the_plain_shapes_values_are_typers() -> None:
+    from dflashctl.cli.statusonce import OneShot, parse
+
+    assert parse([]) == OneShot()
+    assert parse(["r1", "--json", "--events", "-H", "pve", "--hosts=h.toml"]) == \
+        OneShot("r1", Path("h.toml"), "pve", True, True)
+    assert parse(["--host=a,b", "r2"]) == OneShot("r2", None, "a,b")
