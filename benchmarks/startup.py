@@ -1,7 +1,8 @@
 """How fast `dflashctl` starts (issues 16 and 25): each command a new process, against baselines measured in the
 same run.
 
-    .venv/bin/python benchmarks/startup.py [--calls 15] [--before REV] [--out benchmarks/results/startup.md]
+    .venv/bin/python benchmarks/startup.py [--calls 15] [--before REV] [--status-before REV]
+                                           [--out benchmarks/results/startup.md]
 
 Rows: `dflashctl version`, `--help` (typer's own, rendered each time: issue 25 removed the help cache), `status
 --json` on a local run, `status --json` over ssh (loopback sshd + a `pct` over real LXC containers,
@@ -144,6 +145,9 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=15)
     ap.add_argument("--before", default=BEFORE, help="the tree to compare version and --help with")
     ap.add_argument("--out", default=result_path("startup.md"))
+    ap.add_argument("--status-before", metavar="REV", default=None,
+                    help="also time `python -P -m dflashctl status --json` (warm master) of REV's tree beside this "
+                         "tree's, in the ssh group (a before/after of the one-shot status in the same run)")
     args = ap.parse_args()
     if sshd_missing():
         return 2
@@ -156,8 +160,10 @@ def main() -> int:
            "alternating within each group, after one untimed call a row (bytecode cached, as installed); each call "
            "a new process. Compare the ratios, not the milliseconds "
            "(machine shared, load noisy).", "",
-           "Command: `.venv/bin/python benchmarks/startup.py`"]
+           "Command: `.venv/bin/python benchmarks/startup.py"
+           + (f" --status-before {args.status_before}" if args.status_before else "") + "`"]
     local_proc = None
+    prev: Path | None = None  # --status-before's tree
     state = Path(tempfile.mkdtemp(prefix="dfs-", dir="/tmp"))  # short: UNIX socket paths
     with loopback_pve("dflash-startup-") as (sshd, pve):
         try:
@@ -218,6 +224,12 @@ def main() -> int:
                 # what a person types: the table
                 rows["dflashctl status (the table), warm master"] = ([dfl, "status"], warm_env,
                                                                      lambda o: ssh_run.name.encode() in o)
+                if args.status_before:
+                    prev = exported(args.status_before)
+                    rows["python -m dflashctl status --json, warm master"] = ([*mod, "status", "--json"], warm_env,
+                                                                              is_json_status)
+                    rows[f"python -m dflashctl status --json, warm master, before ({args.status_before})"] = (
+                        [*mod, "status", "--json"], {**warm_env, "PYTHONPATH": str(prev)}, is_json_status)
             seconds = measure(rows, args.calls)
             base = summary(seconds["raw one-liner (ControlMaster=no)"])[0]
             goals = {name: "≤ 1.0× raw" + (" ✓" if summary(seconds[name])[0] <= base else " ✗")
@@ -233,6 +245,8 @@ def main() -> int:
             subprocess.run([dfl, "hosts", "disconnect"], env={**os.environ, "DFLASHCTL_STATE_DIR": str(state)},
                            capture_output=True, timeout=60, check=False)
             shutil.rmtree(state, ignore_errors=True)
+            if prev is not None:
+                shutil.rmtree(prev, ignore_errors=True)
             if local_proc is not None:
                 local_proc.kill()
                 local_proc.wait()

@@ -83,9 +83,9 @@ def test_one_shot_status_of_a_container_host_reads_the_run_and_the_hosts_kernel_
         with pytest.raises(NotFound, match="no run"):
             status_once(target)
     # each status: the container's probe and the host's kernel-log half, sent together (their order is the threads');
-    # status also the host's GPU probe (`python3 -`, its GPU share: commands/gpushare.py), begun before the probe
+    # status also the host's GPU probe (its GPU share: commands/gpushare.py), begun before the probe
     wait_until(lambda: len(rec.calls) == 5, what="status's three requests")
-    assert sorted(c[:2] for c in rec.calls) == [["pct", "exec"]] * 2 + [["python3", "-"]] + [["python3", "-c"]] * 2
+    assert sorted(c[:2] for c in rec.calls) == [["pct", "exec"]] * 2 + [["python3", "-c"]] * 3
     assert doc["hostname"] and doc["run"] is None  # the container probe's own report
     assert doc["xid"]["lines"] and "Xid (PCI:0000:1e:00): 79" in doc["xid"]["lines"][0]
 
@@ -98,7 +98,7 @@ def test_one_shot_status_of_a_stopped_container_still_gives_the_precise_one_line
     assert exc.value.message == f"host pve: container {pve.ctid} is not running (status: stopped)"
     wait_until(lambda: len(rec.calls) == 4, what="the probe, its pct status and the two host requests")
     calls = [c[:2] for c in rec.calls]
-    assert sorted(calls) == [["pct", "exec"], ["pct", "status"], ["python3", "-"], ["python3", "-c"]]
+    assert sorted(calls) == [["pct", "exec"], ["pct", "status"], ["python3", "-c"], ["python3", "-c"]]
     assert calls.index(["pct", "status"]) > calls.index(["pct", "exec"])  # asked only once the probe failed
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 from dflashctl.agent.lib.frame import frame
@@ -134,9 +135,25 @@ def _memory_held(gpus: dict) -> bool:
     return False
 
 
+def _into(got: dict, read) -> None:  # noqa: ANN001 - read: () -> its value
+    """got["value"] = read(), or got["error"]: what it raised, raised again by the caller as if read in its thread."""
+    try:
+        got["value"] = read()
+    except BaseException as e:  # noqa: BLE001
+        got["error"] = e
+
+
 def host_gpus() -> dict:
+    # the two nvidia-smi starts overlap (each is mostly waiting for the driver: tens of ms), as the probe's GPU reading
+    # overlaps its other reads; the holder scan below comes after both, so it never counts an nvidia-smi of ours
+    apps: dict = {}
+    side = threading.Thread(target=_into, args=(apps, compute_apps), name="apps", daemon=True)
+    side.start()
     gpus = gpu_report()
-    csv, err = compute_apps()
+    side.join()
+    if "error" in apps:
+        raise apps["error"]
+    csv, err = apps["value"]
     pids = _apps_pids(csv)
     holders = None
     if not pids and _memory_held(gpus):
