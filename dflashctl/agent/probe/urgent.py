@@ -29,7 +29,8 @@ _BARE_EXC = re.compile(
 WORDS = (b"terminate called after throwing", b"Fatal Python error", b"Segmentation fault", b"SIGSEGV", b"SIGKILL",
          b"Watchdog caught", b"detected by watchdog", b"NCCL error", b"CUDA error", b"out of memory",
          b"No space left", b"NVRM: Xid", b"GPU has fallen off", b"ChildFailedError", b"exitcode", b"Root Cause",
-         b"Killed", b"Tried to allocate", b"bus error", b"ld returned", b"Loss is NaN", b"training finished", b"training aborted", b"training stopped")
+         b"Killed", b"Tried to allocate", b"bus error", b"ld returned",
+         b"Loss is NaN", b"training finished", b"training aborted", b"training stopped")
 _NAN_LOSS = re.compile(rb"(?i)\b(?:loss|grad_norm)['\"]?\s*[=:]\s*['\"]?-?(?:nan|inf)\b")
 # Bytes without any of these hold nothing this module looks for (outside a traceback): one substring test each.
 _PREFILTER = (b"Traceback", b"Error", b"Exception", b"Interrupt", b"Failed", b"Fault", b"OutOfResources",
