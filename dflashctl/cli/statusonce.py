@@ -42,7 +42,7 @@ def parse(argv: list[str]) -> OneShot | None:
         name, eq, value = arg.partition("=")
         if arg in _FLAGS:
             key, val = _FLAGS[arg], True
-        elif name in _VALUED and (eq or name == arg):
+        elif name in _VALUED and (name == arg or name.startswith("--")):  # click reads `-H=x` as the value "=x"
             if not eq:
                 value = next(args, "")
             key, val = _VALUED[name], value

@@ -177,7 +177,8 @@ def test_the_table_of_a_one_shot_status_is_the_typer_verbs_table(tmp_path: Path)
 @pytest.mark.parametrize("argv", [["status", "--watch"], ["status", "--help"], ["status", "--json", "--json"],
                                   ["status", "--host="], ["status", "--host"], ["status", "a", "b"],
                                   ["status", "--", "x"], ["status", "--all"], ["status", "-w"],
-                                  ["status", "--host", "--json"], ["status", "--hots", "x"]])
+                                  ["status", "--host", "--json"], ["status", "--hots", "x"], ["status", "-H=pve"],
+                                  ["status", "-Hpve"], ["status", "--json=1"], ["status", "-"]])
 def test_every_other_status_command_line_is_typers_to_parse(argv: list[str], tmp_path: Path) -> None:
     """Help, --watch, a repeated or missing value, a second RUN, `--`, a typo: typer parses, explains and refuses,
     as for every verb (the plain shape only skips typer's start)."""
