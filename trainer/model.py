@@ -14,8 +14,8 @@ from trainer.layers import AttendFn, RMSNorm, SwiGLU, apply_rope, check_attentio
 from trainer.tiny_target import TargetModel
 
 INIT_STD = 0.02
-"""Linear weights ~ normal(0, 0.02), biases 0, norms 1: SpecForge's configs/qwen3-8b-dflash.json initializer_range
-0.02 as HF's PreTrainedModel._init_weights applies it (torch's default Linear init is uniform(+-1/sqrt(fan_in)))."""
+"""`drafter.init_std`'s default: Linear weights ~ normal(0, 0.02), biases 0, norms 1: SpecForge's
+configs/qwen3-8b-dflash.json initializer_range 0.02 as HF's PreTrainedModel._init_weights applies it."""
 
 
 class DrafterAttention(nn.Module):
@@ -115,8 +115,8 @@ class Drafter(nn.Module):
         self.layers = nn.ModuleList(DrafterLayer(h, dcfg, self.head_dim, eps) for _ in range(dcfg.num_layers))
         self.norm = RMSNorm(h, eps)
         for m in self.modules():  # SpecForge's init (its config's initializer_range through HF's _init_weights)
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, mean=0.0, std=INIT_STD)
+            if isinstance(m, nn.Linear) and dcfg.init_std > 0:
+                nn.init.normal_(m.weight, mean=0.0, std=dcfg.init_std)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
         self.register_buffer("embed_weight", embed_weight.detach().clone(), persistent=False)
