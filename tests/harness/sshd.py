@@ -117,7 +117,25 @@ def reap_leftover_containers(root: Path = LXC_ROOT) -> list[str]:
                 destroy_container(lxcpath, ct.name)
                 removed.append(f"{lxcpath}/{ct.name}")
         shutil.rmtree(owned, ignore_errors=True)
+    for lxcpath, name in _lxc_monitors(root):  # a container whose lxcpath is gone already (killed mid-teardown)
+        owner = Path(lxcpath).relative_to(root).parts[0]
+        if owner.isdigit() and not (root / owner).exists():
+            destroy_container(Path(lxcpath), name)
+            removed.append(f"{lxcpath}/{name}")
     return removed
+
+
+def _lxc_monitors(root: Path) -> list[tuple[str, str]]:
+    """(lxcpath, name) of every running container under root, from its monitor process (`[lxc monitor] PATH NAME`)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split()
+        except OSError:
+            continue
+        if args[:2] == ["[lxc", "monitor]"] and len(args) == 4 and args[2].startswith(f"{root}/"):
+            found.append((args[2], args[3]))
+    return found
 
 
 def destroy_container(lxcpath: Path, name: str) -> None:
