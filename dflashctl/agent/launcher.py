@@ -46,7 +46,7 @@ from dflashctl.agent.lib.checkpoints import newest_checkpoint, take_checkpoint
 from dflashctl.agent.lib.compilecache import run_cache_env
 from dflashctl.agent.lib.diskspace import SPACE_MARGIN, no_space, point_back, readlink
 from dflashctl.agent.lib.flightrec_env import recorder_env
-from dflashctl.agent.lib.frame import reply
+from dflashctl.agent.lib.frame import emit
 from dflashctl.agent.lib.fsutil import read_int, try_write, write_atomic
 from dflashctl.agent.lib.procfs import (
     MARKER,
@@ -64,12 +64,8 @@ from dflashctl.agent.lib.sentinelproc import end_sentinel, start_sentinel, unrea
 GROUP_GRACE_S = 5.0
 
 
-def _emit(doc: dict) -> int:
-    return reply(doc, 0 if "error" not in doc else 1)
-
-
 def launch(spec: dict, source: str) -> int:
-    return _emit(start(spec, source))
+    return emit(start(spec, source))
 
 
 def start(spec: dict, source: str, *, wait_pid: bool = True) -> dict:

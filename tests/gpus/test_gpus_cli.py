@@ -11,7 +11,7 @@ from dflashctl.cli import main
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["gpus", "--interval", "0"], "--interval must be > 0, got 0"),
+    (["gpus", "--interval", "0"], "--interval must be a number from 0.1 to 3600 s, not 0.0"),
     (["gpus", "--watch", "--count", "0"], "--count must be at least 1, got 0"),
 ])
 def test_bad_options_are_one_line_usage_errors(argv, says, capsys):

@@ -14,15 +14,11 @@ import contextlib
 import json
 import os
 
-from dflashctl.agent.lib.frame import reply
+from dflashctl.agent.lib.frame import emit
 from dflashctl.agent.lib.fsutil import read_bytes, write_atomic
 from dflashctl.agent.lib.procfs import descendants, proc_argv, proc_marker, proc_stat, process_identity, process_table
 from dflashctl.agent.lib.rundir import lock_runs, mkdir_exclusive, now_iso, point_latest
 from dflashctl.agent.lib.runstate import adopted_by, live_latest
-
-
-def _emit(doc: dict) -> int:
-    return reply(doc, 0 if "error" not in doc else 1)
 
 
 def adopt(spec: dict) -> int:
@@ -31,47 +27,47 @@ def adopt(spec: dict) -> int:
     we started), already-adopted, run-alive, no-log, log-not-file."""
     pid = int(spec["pid"])
     if pid == 1:
-        return _emit({"error": "init", "message": "pid 1 is the container's init, not a training process"})
+        return emit({"error": "init", "message": "pid 1 is the container's init, not a training process"})
     st = proc_stat(pid)
     if st is None or st["state"] in ("Z", "X"):
-        return _emit({"error": "no-such-pid", "message": f"process {pid} " + ("has exited (defunct)" if st is not None
+        return emit({"error": "no-such-pid", "message": f"process {pid} " + ("has exited (defunct)" if st is not None
                                                                               else "does not exist")})
     if spec.get("starttime") is not None and st["starttime"] != int(spec["starttime"]):
-        return _emit({"error": "no-such-pid", "message": f"process {pid} exited (the pid now names another process)"})
+        return emit({"error": "no-such-pid", "message": f"process {pid} exited (the pid now names another process)"})
     if not (read_bytes(f"/proc/{pid}/cmdline", 16) or b""):
-        return _emit({"error": "kernel-thread", "message": f"pid {pid} is a kernel thread (it has no command line)"})
+        return emit({"error": "kernel-thread", "message": f"pid {pid} is a kernel thread (it has no command line)"})
     marker = proc_marker(pid)
     if marker:
-        return _emit({"error": "marked", "message": f"pid {pid} is part of run {marker}, which dflashctl launched",
+        return emit({"error": "marked", "message": f"pid {pid} is part of run {marker}, which dflashctl launched",
                       "run_id": marker})
     runs_dir = spec["runs_dir"]
     lock_runs(runs_dir)
     identity = _identity(pid)
     if identity is None:
-        return _emit({"error": "no-such-pid", "message": f"process {pid} exited"})
+        return emit({"error": "no-such-pid", "message": f"process {pid} exited"})
     table = process_table()
     tree = [{"pid": k, "starttime": table[k]["starttime"], "cmdline": proc_argv(k) or []}
             for k in sorted(descendants([pid], table))]
     already = adopted_by(runs_dir, identity)
     if already:
-        return _emit({"error": "already-adopted", "message": f"pid {pid} is already adopted as run {already}",
+        return emit({"error": "already-adopted", "message": f"pid {pid} is already adopted as run {already}",
                       "run_id": already})
     live = live_latest(runs_dir)
     if live:
-        return _emit({"error": "run-alive", "message": f"run {live} is still running", "run_id": live})
+        return emit({"error": "run-alive", "message": f"run {live} is still running", "run_id": live})
     log = spec["log"]
     if not os.path.isabs(log):  # `nohup prog > train.log &` names it relative to where it was started
         log = os.path.join(identity["cwd"] or "/", log)
     log = os.path.normpath(log)
     if not os.path.exists(log):
-        return _emit({"error": "no-log", "message": f"log {log} does not exist"})
+        return emit({"error": "no-log", "message": f"log {log} does not exist"})
     if not os.path.isfile(log):
-        return _emit({"error": "log-not-file", "message": f"log {log} is not a regular file"})
+        return emit({"error": "log-not-file", "message": f"log {log} is not a regular file"})
     writers = log_writers(log, [pid, *(t["pid"] for t in tree)])
     try:
         run_id, run_dir = mkdir_exclusive(runs_dir, spec["base_id"])
     except (OSError, RuntimeError) as e:
-        return _emit({"error": "run-dir", "message": str(e)})
+        return emit({"error": "run-dir", "message": str(e)})
     meta = dict(spec.get("meta") or {})
     meta.update({
         "id": run_id,
@@ -91,7 +87,7 @@ def adopt(spec: dict) -> int:
     write_atomic(os.path.join(run_dir, "pid"), f"{pid}\n".encode())
     os.symlink(log, os.path.join(run_dir, "train.log"))  # the probe, logs and status read the adopted log
     point_latest(runs_dir, run_id)
-    return _emit({"run_id": run_id, "run_dir": run_dir, "pid": pid, "log": log, "cmdline": identity["cmdline"],
+    return emit({"run_id": run_id, "run_dir": run_dir, "pid": pid, "log": log, "cmdline": identity["cmdline"],
                   "cwd": identity["cwd"], "started_at": meta["started_at"], "pgid": identity["pgid"],
                   "tree": tree, "writes_log": writers})
 

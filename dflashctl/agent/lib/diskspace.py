@@ -31,11 +31,11 @@ def no_space(runs_dir: str, need: int) -> str | None:
     while mount != "/" and not os.path.ismount(mount):
         mount = os.path.dirname(mount)
     total = st.f_blocks * st.f_frsize
-    return (f"no space for a new run in {runs_dir}: the filesystem mounted at {mount} has {_size(free)} free "
-            f"of {_size(total)}")
+    return (f"no space for a new run in {runs_dir}: the filesystem mounted at {mount} has {_human_size(free)} free "
+            f"of {_human_size(total)}")
 
 
-def _size(n: float) -> str:
+def _human_size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -25,3 +25,8 @@ def reply(doc, code=0):
     sys.stdout.write(frame(doc) + "\n")
     sys.stdout.flush()
     return code
+
+
+def emit(doc):
+    """reply(doc) with the agent's exit status: 1 when doc is a refusal ({"error": ...}), else 0."""
+    return reply(doc, 0 if "error" not in doc else 1)
