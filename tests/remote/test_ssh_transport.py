@@ -321,12 +321,12 @@ def test_a_process_started_detached_through_pct_exec_survives_and_a_later_exec_s
                              timeout=30)
         assert started.out == "started\n"  # returned while the detached child lives on
     with pve.connect() as later:  # a new connection, a new pct exec
-        seen = later.run(["pgrep", "-x", "sleep"], timeout=30)
+        seen = later.run(["pgrep", "-f", "^sleep 300$"], timeout=30)
     assert seen.ok, seen.err
-    assert pve.exec(["pgrep", "-x", "sleep"]).stdout == seen.stdout  # same process, inside the container
+    assert pve.exec(["pgrep", "-f", "^sleep 300$"]).stdout == seen.stdout  # same process, inside the container
     pve.stop_container()  # and it was in the container: stopping it ends the process
     pve.start_container()
-    assert pve.exec(["pgrep", "-x", "sleep"]).returncode == 1
+    assert pve.exec(["pgrep", "-f", "^sleep 300$"]).returncode == 1
 
 
 def test_target_refuses_a_stopped_container_before_running_anything(pve: PveEnv) -> None:
