@@ -55,3 +55,25 @@ def test_real_trainer_stopped_run_resumes_from_its_stop_checkpoint_in_a_new_run(
     first_step = int(doc["wait"]["line"].split()[0].removeprefix("step="))
     assert first_step == stopped_at + 1  # log_interval=1 (the old run's config): the very next step
     assert cli("stop").code == 103
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not _trainer_present(), reason="trainer/ with configs/tiny-cpu.toml is not in this tree")
+def test_a_compile_cache_truncated_after_a_first_run_does_not_stop_the_next_launch(local_host, cli):
+    """Issue 24: a kill mid-compile leaves 0-byte artefacts in the shared inductor cache; the next launch must still
+    reach its first step (the trainer removes the artefact and compiles again once, and says so in its log)."""
+    args = ["--", "--set", "train.steps=100000", "--set", 'devices.drafters=["cpu"]',
+            "--set", "runtime.compile_strategy=warmup"]
+    first = cli("launch", "--name", "cold", "--wait-for", "step", "--timeout", "800", "--json", *args)
+    assert first.code == 0, first.err
+    assert cli("stop").code == 103
+    cache = local_host.workspace_dir / "cache" / "inductor"  # where launched runs compile (docs/usage.md)
+    compiled = [p for p in cache.rglob("*") if p.is_file() and p.suffix in (".so", ".py")]
+    assert compiled, f"the first run compiled nothing into {cache}"
+    for p in compiled:
+        p.write_bytes(b"")  # what a kill mid-write leaves
+    again = cli("launch", "--name", "after-truncation", "--wait-for", "step", "--timeout", "800", "--json", *args)
+    assert again.code == 0, again.err
+    log = (Path(again.json()["run_dir"]) / "train.log").read_text()
+    assert "compile cache: corrupt artefact " in log and "failed again" not in log, log[-3000:]
+    assert cli("stop").code == 103

@@ -153,7 +153,8 @@ def test_watch_with_a_gpu_interval_reduces_each_reports_readings_in_json(run, lo
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [(["--exit-on-failure"], "--watch"), (["--all", "--watch"], "--all"), (["--interval", "0"], "interval"),
-     (["--gpu-interval", "0.2"], "--watch"), (["--watch", "--gpu-interval", "0"], "--gpu-interval must be a number from 0.1 to 3600 s, not 0.0"),
+     (["--gpu-interval", "0.2"], "--watch"),
+     (["--watch", "--gpu-interval", "0"], "--gpu-interval must be a number from 0.1 to 3600 s, not 0.0"),
      (["--watch", "-i", "1", "--gpu-interval", "2"], "at most --interval (1)")],
 )
 def test_bad_option_combinations_are_usage_errors(argv: list[str], needle: str, local_host, capsys) -> None:  # noqa: ANN001
