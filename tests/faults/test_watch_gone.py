@@ -159,12 +159,16 @@ def test_a_watch_whose_container_is_stopped_ends_container_gone_102(pve, pve_sle
 
 
 @pytest.mark.sshd
-def test_a_watch_whose_host_key_changed_ends_host_replaced_2(pve, pve_sleeper, sshd_server, watches, tmp_path):
+def test_a_watch_whose_host_key_changed_ends_host_replaced_2(pve, pve_sleeper, sshd_server, watches, tmp_path,
+                                                            monkeypatch):
+    # A known_hosts of this test's own: the session's file is shared by every later test of this worker.
+    known = tmp_path / "known_hosts"
+    shutil.copyfile(os.environ["DFLASHCTL_KNOWN_HOSTS"], known)
+    monkeypatch.setenv("DFLASHCTL_KNOWN_HOSTS", str(known))
     watch = watches(pve_sleeper)
     assert watch.first()["run"]["id"] == pve_sleeper
     other = tmp_path / "other_host_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
-    known = Path(os.environ["DFLASHCTL_KNOWN_HOSTS"])
     entry = f"[{pve.host.address}]:{pve.host.port}"
     known.write_text(f"{entry} {other.with_suffix('.pub').read_text().split(' ', 2)[0]} "
                      f"{other.with_suffix('.pub').read_text().split(' ', 2)[1]}\n")
