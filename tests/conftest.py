@@ -148,6 +148,19 @@ def _end_strays(state: Path) -> None:
                 os.kill(int(proc.name), signal.SIGKILL)
 
 
+@pytest.fixture(autouse=True)
+def _no_compile_cache_env_left_by_torch() -> Iterator[None]:
+    """torch's inductor writes TORCHINDUCTOR_CACHE_DIR into os.environ the first time it compiles in a process
+    (torch/_inductor/runtime/cache_dir_utils.py): a later test of the same worker would launch runs that inherit it
+    as if the user had set it, and never use the workspace's cache (docs/usage.md "The compile cache")."""
+    names = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    for name in names:
+        os.environ.pop(name, None)
+    yield
+    for name in names:
+        os.environ.pop(name, None)
+
+
 @pytest.fixture(scope="session")
 def sshd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdServer]:
     """A real OpenSSH sshd on 127.0.0.1:<free port>, for the whole session. Skips with the reason
