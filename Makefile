@@ -39,6 +39,11 @@ sshd-deps:
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends lxc) >/dev/null; \
 	  else echo "lxc missing and not root: the end-to-end tests use the namespace stand-in"; fi; \
 	fi
+	@# `gpus --watch` is tested in a real terminal: tmux sends its keys and reads its screen.
+	@if ! command -v tmux >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing tmux (the live view's terminal test)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux) >/dev/null; \
+	fi
 
 test: $(STAMP) sshd-deps
 	$(VENV)/bin/ruff check dflashctl trainer tests benchmarks
