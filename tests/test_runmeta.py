@@ -26,7 +26,8 @@ WRITTEN = {
     "cwd": "/ws/.code/ab12", "started_at": "2026-12-03T10:15:00Z", "started_at_epoch": 1796292900.5,
     "attempt": 2, "restart_of": "20261203-100000-sweep", "restart_why": "crashed (exit 1)",
     "chain": {"first": "20261203-100000-sweep", "previous": "20261203-100000-sweep", "attempt": 2, "attempts_max": 4},
-    "cluster": {"name": "pair", "node_rank": 1, "nnodes": 2, "nproc_per_node": 4, "rendezvous": "10.0.0.1:29500",
+    "cluster": {"name": "pair", "node_rank": 1, "nnodes": 2, "nproc_per_node": 4,
+                "rendezvous": "n0.example.invalid:29500",
                 "members": [{"host": "pve1", "node_rank": 0}, {"host": "pve2", "node_rank": 1}]},
 }
 
