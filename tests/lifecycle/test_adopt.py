@@ -11,32 +11,19 @@ import pytest
 from dflashctl.remote.scripts import build_call, module_source
 
 from .conftest import FAKE_TRAINER, wait_until
-from .userprog import Box, local_box, pve_box, watch_until_failure, write_prog
+from .userprog import Box, hand_box, local_box, watch_until_failure, write_prog
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(params=["local", pytest.param("pve", marks=[pytest.mark.sshd, pytest.mark.slow])])
 def box(request, tmp_path):
-    if request.param == "local":
-        b = local_box(request.getfixturevalue("local_host"), tmp_path)
-        home = str(tmp_path / "hand")
-    else:
-        pve = request.getfixturevalue("pve")
-        b = pve_box(pve)
-        home = "/workspace/hand"
-    write_prog(b.ct(home))
-    b.home = home  # type: ignore[attr-defined] - where the hand-started program lives, as the runs see it
-    started: list[int] = []
-    b.started = started  # type: ignore[attr-defined]
-    yield b
-    for pid in started:  # unmarked: the lifecycle safety net would not end them
-        b.kill(pid)
+    yield from hand_box(request, tmp_path, write_prog)
 
 
 def by_hand(box: Box, *args: str, log: str = "hand.log") -> int:
-    pid = box.start_by_hand(box.home, *args, log=log)  # type: ignore[attr-defined]
-    box.started.append(pid)  # type: ignore[attr-defined]
+    pid = box.start_by_hand(box.home, *args, log=log)
+    box.started.append(pid)
     return pid
 
 
@@ -70,7 +57,7 @@ def test_an_adopted_program_is_the_live_current_run_until_it_crashes(box, cli):
     (listed,) = cli("runs", "--json").json()["runs"]
     assert listed["id"] == run_id and listed["alive"] is True and listed["last_step"] >= 3
 
-    (box.ct(box.home) / "crash-main").touch()  # type: ignore[attr-defined]
+    (box.ct(box.home) / "crash-main").touch()
     wait_until(lambda: not box.alive(pid), what="the adopted program to die")
     after = cli("status", "--json")
     adoc = after.json()
@@ -198,7 +185,7 @@ def test_adopting_over_a_launch_race_is_refused_under_the_lock(local_host, cli, 
 def test_status_watch_follows_an_adopted_run_and_exits_105_when_its_thread_dies(box, cli):
     pid = by_hand(box, "train")
     run_id = adopt(cli, pid, "hand.log")["run_id"]
-    code, last, text = watch_until_failure(box.ct(box.home) / "crash-thread")  # type: ignore[attr-defined]
+    code, last, text = watch_until_failure(box.ct(box.home) / "crash-thread")
     crashed = {t["name"]: t["exception"] for t in last["threads"] if t["state"] == "crashed"}
     # the watch exits on the first frame with the crashed thread, which may hold only the traceback's first lines
     # (a crash shows the moment its lines arrive): its exception comes once the whole traceback is in the log

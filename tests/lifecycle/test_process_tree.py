@@ -19,34 +19,22 @@ import pytest
 
 from .conftest import wait_until
 from .treeprog import settle, tree_of, write_tree_prog
-from .userprog import Box, local_box, pve_box
+from .userprog import Box, hand_box
 
 pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture(params=["local", pytest.param("pve", marks=[pytest.mark.sshd, pytest.mark.slow])])
 def box(request, tmp_path):
-    if request.param == "local":
-        b = local_box(request.getfixturevalue("local_host"), tmp_path)
-        home = str(tmp_path / "hand")
-    else:
-        b = pve_box(request.getfixturevalue("pve"))
-        home = "/workspace/hand"
-    write_tree_prog(b.ct(home))
-    b.home = home  # type: ignore[attr-defined]
-    started: list[int] = []
-    b.started = started  # type: ignore[attr-defined]
-    yield b
-    for pid in started:  # unmarked: the lifecycle safety net would not end them
-        b.kill(pid)
+    yield from hand_box(request, tmp_path, write_tree_prog)
 
 
 def by_hand(box: Box, script: str, *args: str) -> int:
     """Run script (sh) in the program's directory, as a person would; it echoes the pid to adopt."""
-    res = box.sh(f'cd "$1" && py="$2" && shift 2 && {script}', [box.home, box.python, *args])  # type: ignore[attr-defined]
+    res = box.sh(f'cd "$1" && py="$2" && shift 2 && {script}', [box.home, box.python, *args])
     assert res.returncode == 0, res.stderr
     pid = int(res.stdout.split()[-1])
-    box.started.append(pid)  # type: ignore[attr-defined]
+    box.started.append(pid)
     return pid
 
 
@@ -61,9 +49,9 @@ def pids_of(tree: dict) -> list[int]:
 
 def test_stop_ends_an_adopted_shell_wrapper_and_the_trainer_it_waits_for(box, cli):
     shell = by_hand(box, WRAPPER)
-    tree = tree_of(box.ct(box.home))  # type: ignore[attr-defined]
+    tree = tree_of(box.ct(box.home))
     trainer = tree["pid"]
-    box.started.append(trainer)  # type: ignore[attr-defined]
+    box.started.append(trainer)
     assert trainer != shell and tree["pgid"] != shell and tree["pgid"] != trainer  # neither leads a group
     res = cli("adopt", "--pid", str(shell), "--log", "hand.log", "--json")
     assert res.code == 0, res.err
@@ -86,8 +74,8 @@ def test_stop_ends_an_adopted_shell_wrapper_and_the_trainer_it_waits_for(box, cl
 
 def test_an_adopted_trainers_child_that_outlives_it_keeps_the_run_from_stopped(box, cli):
     trainer = by_hand(box, PLAIN, "--worker")
-    worker = tree_of(box.ct(box.home))["kids"]["worker"]  # type: ignore[attr-defined]
-    box.started.append(worker)  # type: ignore[attr-defined]
+    worker = tree_of(box.ct(box.home))["kids"]["worker"]
+    box.started.append(worker)
     res = cli("adopt", "--pid", str(trainer), "--log", "hand.log", "--json")
     assert res.code == 0, res.err
     doc = res.json()
@@ -112,8 +100,8 @@ def test_an_adopted_trainers_child_that_outlives_it_keeps_the_run_from_stopped(b
 
 def test_a_survivor_planted_after_stop_is_named_and_ended_by_kill_zombies(box, cli):
     shell = by_hand(box, WRAPPER)
-    tree = tree_of(box.ct(box.home))  # type: ignore[attr-defined]
-    box.started.append(tree["pid"])  # type: ignore[attr-defined]
+    tree = tree_of(box.ct(box.home))
+    box.started.append(tree["pid"])
     run = cli("adopt", "--pid", str(shell), "--log", "hand.log", "--json").json()
     assert cli("stop", "--grace", "5").code == 103
     settle(box, [shell, tree["pid"]])
@@ -158,8 +146,8 @@ def test_stop_ends_a_launched_programs_child_that_left_its_group(box, cli, tmp_p
 
 def test_stop_kills_a_tree_member_that_ignores_sigterm_after_the_grace(box, cli):
     shell = by_hand(box, WRAPPER, "--ignore-term")
-    tree = tree_of(box.ct(box.home))  # type: ignore[attr-defined]
-    box.started.append(tree["pid"])  # type: ignore[attr-defined]
+    tree = tree_of(box.ct(box.home))
+    box.started.append(tree["pid"])
     assert cli("adopt", "--pid", str(shell), "--log", "hand.log").code == 0
     stop = cli("stop", "--grace", "1", "--json")
     assert stop.code == 103, stop.err
@@ -171,8 +159,8 @@ def test_stop_kills_a_tree_member_that_ignores_sigterm_after_the_grace(box, cli)
 def test_adopt_says_what_it_found(box, cli):
     """The human output names the shell, its child and which one writes the log."""
     shell = by_hand(box, WRAPPER)
-    tree = tree_of(box.ct(box.home))  # type: ignore[attr-defined]
-    box.started.append(tree["pid"])  # type: ignore[attr-defined]
+    tree = tree_of(box.ct(box.home))
+    box.started.append(tree["pid"])
     res = cli("adopt", "--pid", str(shell), "--log", "hand.log")
     assert res.code == 0, res.err
     line = next(ln for ln in res.out.splitlines() if "found" in ln)

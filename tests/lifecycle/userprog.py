@@ -18,8 +18,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .conftest import wait_until
@@ -95,6 +95,8 @@ class Box:
     ct: Callable[[str], Path]
     sh: Callable[[str, Sequence[str]], subprocess.CompletedProcess]  # `sh -c SCRIPT sh ARGS…` where runs live
     python: str  # what a hand-started program is started with there
+    home: str = ""  # where the hand-started program lives, as the runs see it
+    started: list[int] = field(default_factory=list)  # pids started by hand, killed when the test ends
 
     def state(self, pid: int) -> str | None:
         res = self.sh('cat "/proc/$1/stat"', [str(pid)])
@@ -150,6 +152,22 @@ def pve_box(pve) -> Box:  # noqa: ANN001 - harness PveEnv
         return pve.exec(["sh", "-c", script, "sh", *args])
 
     return Box("pve", "/workspace/dflash", ct, sh, "python3")
+
+
+def hand_box(request, tmp_path: Path, write: Callable[[Path], Path]) -> Iterator[Box]:  # noqa: ANN001 - pytest
+    """The `box` fixture of the hand-started-program tests (param "local" or "pve"): the program written by `write`
+    into the box's home; every pid in `started` is killed at the end (unmarked: the lifecycle safety net would not
+    end them)."""
+    if request.param == "local":
+        b = local_box(request.getfixturevalue("local_host"), tmp_path)
+        b.home = str(tmp_path / "hand")
+    else:
+        b = pve_box(request.getfixturevalue("pve"))
+        b.home = "/workspace/hand"
+    write(b.ct(b.home))
+    yield b
+    for pid in b.started:
+        b.kill(pid)
 
 
 def watch_until_failure(trigger: Path) -> tuple[int, dict, str]:
