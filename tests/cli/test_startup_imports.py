@@ -101,14 +101,8 @@ def test_local_status_json_takes_no_paramiko(tmp_path: Path) -> None:
 
 
 def test_status_of_a_finished_run_loads_none_of_the_launch_or_cluster_machinery(tmp_path: Path) -> None:
-    run = tmp_path / "ws" / "runs" / "20261201-120000-done"
-    run.mkdir(parents=True)
-    (run / "meta.json").write_text('{"id": "20261201-120000-done", "name": "done"}')
-    (run / "train.log").write_text("step=1 loss=1.0 tok/s=10.0\ntraining finished\n")
-    (run / "exit_code").write_text("0\n")
-    (run.parent / "latest").symlink_to(run.name)
-    (tmp_path / "hosts.toml").write_text('default = "here"\n[hosts.here]\ntransport = "local"\nworkspace = "ws"\n')
-    rc, out, mods = fresh("status", "--json", "--hosts", str(tmp_path / "hosts.toml"), cwd=tmp_path)
+    hosts = _finished_run(tmp_path)
+    rc, out, mods = fresh("status", "--json", "--hosts", str(hosts), cwd=tmp_path)
     assert rc == 0 and json.loads(out)["verdict"] == "finished", out
     assert loaded(mods, ("dflashctl.commands.launch", "dflashctl.commands.cluster", "dflashctl.commands.cluster_runs",
                          "dflashctl.commands.deploy", "paramiko")) == []
