@@ -20,14 +20,21 @@ import tempfile
 from dflashctl.agent.lib.frame import reply
 
 
+def run_tool(*argv, timeout=60):
+    """argv's CompletedProcess (text), or the message of why it could not run at all."""
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as e:
+        return str(e)
+
+
 def nvidia_smi():
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
-    try:
-        p = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as e:
-        return {"path": smi, "code": -1, "message": str(e), "gpus": []}
+    p = run_tool(smi, "-L")
+    if isinstance(p, str):
+        return {"path": smi, "code": -1, "message": p, "gpus": []}
     lines = (p.stdout + p.stderr).strip().splitlines()
     return {"path": smi, "code": p.returncode, "message": lines[-1] if lines else "",
             "gpus": [ln for ln in p.stdout.splitlines() if ln.startswith("GPU ")], "persistence": persistence(smi)}
@@ -35,10 +42,8 @@ def nvidia_smi():
 
 def persistence(smi):
     """index -> "Enabled" / "Disabled" / "[N/A]" as nvidia-smi prints it; {} when it cannot say."""
-    try:
-        p = subprocess.run([smi, "--query-gpu=index,persistence_mode", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
+    p = run_tool(smi, "--query-gpu=index,persistence_mode", "--format=csv,noheader")
+    if isinstance(p, str):
         return {}
     out = {}
     for line in p.stdout.splitlines() if p.returncode == 0 else []:
@@ -82,10 +87,9 @@ def driver_user():
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return doc
-    try:
-        p = subprocess.run([smi, "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as e:
-        doc["message"] = str(e)
+    p = run_tool(smi, "--version")
+    if isinstance(p, str):
+        doc["message"] = p
         return doc
     text = p.stdout + p.stderr
     for key, value in VERSION_LINE.findall(text):
@@ -131,10 +135,9 @@ def py_spy():
         exe = beside
     if exe is None:
         return None
-    try:
-        p = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError) as e:
-        return {"path": exe, "version": None, "error": str(e)}
+    p = run_tool(exe, "--version", timeout=10)
+    if isinstance(p, str):
+        return {"path": exe, "version": None, "error": p}
     doc = {"path": exe, "version": p.stdout.strip() or None, "error": None if p.returncode == 0 else
            (p.stderr.strip().splitlines() or ["exit " + str(p.returncode)])[-1]}
     if doc["error"] is None:
