@@ -10,6 +10,16 @@ import sys
 
 
 def main() -> int:
+    """The command's exit code; Ctrl-C at any point — while typer or torch-free imports are still loading, before
+    the commands' own handlers exist — is one line and 130, never a traceback or silence."""
+    try:
+        return _dispatch()
+    except KeyboardInterrupt:
+        sys.stderr.write("ERROR: interrupted\n")
+        return 130
+
+
+def _dispatch() -> int:
     if sys.argv[1:] == ["version"]:
         from dflashctl import __version__
 

@@ -52,6 +52,10 @@ def plain_metavars(command: Any, ctx: Any = None) -> Any:
     return command
 
 
+class _Interrupted(Exception):
+    """Ctrl-C (or a caught SIGTERM/SIGHUP) carried past typer, which would turn it into a silent exit code."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """The console script: the verb's exit code (DESIGN §5); never a traceback for a DflashError."""
     import typer
@@ -59,8 +63,18 @@ def main(argv: list[str] | None = None) -> int:
     from typer.exceptions import TyperException
     from typer.main import get_command
 
+    command = plain_metavars(get_command(typer_app()))
+    invoke = command.invoke
+
+    def invoke_past_typer(ctx: Any) -> Any:  # typer returns Ctrl-C as a bare 130; it must say why
+        try:
+            return invoke(ctx)
+        except KeyboardInterrupt as e:
+            raise _Interrupted from e
+
+    command.invoke = invoke_past_typer
     try:
-        rv = plain_metavars(get_command(typer_app()))(args=argv, prog_name="dflashctl", standalone_mode=False)
+        rv = command(args=argv, prog_name="dflashctl", standalone_mode=False)
     except DflashError as e:
         common.error(e.message, hint=e.hint)
         return int(e.exit_code)
@@ -73,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     except TyperException as e:  # usage errors: bad option, missing argument, bad value
         common.error(e.format_message(), hint="see `dflashctl --help` or `dflashctl COMMAND --help`")
         return int(ExitCode.USAGE)
-    except (KeyboardInterrupt, typer.Abort):
+    except (KeyboardInterrupt, _Interrupted, typer.Abort):
         common.error("interrupted")
         return 130
     except SystemExit as e:  # --show-completion / --install-completion and completion requests end with sys.exit
