@@ -14,13 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflashctl.agent.lib.flightrec import Behind, behind_from_doc
 from dflashctl.agent.lib.frame import PROBE_VERSION
 from dflashctl.agent.lib.runmeta import RunMeta
 from dflashctl.errors import RemoteFailed
 from dflashctl.model import GpuReport, HostGpuProc, HostGpuReport, ProcRecord
 
-__all__ = ["DiskReport", "LogChunk", "ProbeReport", "RunMeta", "RunRecord", "check_version", "parse_gpus",
-           "parse_host_gpu", "parse_proc", "parse_report", "parse_run"]
+__all__ = ["DiskReport", "FlightRecorderReport", "LogChunk", "ProbeReport", "RankLayout", "RunMeta", "RunRecord",
+           "check_version", "parse_flight_recorder", "parse_gpus", "parse_host_gpu", "parse_layout", "parse_proc",
+           "parse_report", "parse_run"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,8 @@ class ProbeReport:
     events_data: bytes | None = None  # with --events: the run's events.jsonl (its tail; None: not asked)
     xid: XidReport | None = None  # with --xid: the kernel log's Xid lines
     stacks_capture: dict[str, Any] | None = None  # with --events: the sentinel's newest capture {"path", "doc"}
+    layouts: tuple[RankLayout, ...] = ()  # with --events: the trainer's layout per rank (none: another trainer)
+    flight_recorder: FlightRecorderReport | None = None  # with --events: the run's flight recorder dumps, judged
 
     @property
     def log_data(self) -> bytes:
@@ -162,6 +166,64 @@ def _b64(v: object) -> bytes:
         return base64.b64decode(v)
     except (binascii.Error, ValueError):
         return b""
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """One rank's `layout` from the dflashctl trainer's heartbeat (trainer/pipeline.py layout_info): which device
+    holds what. Another trainer writes none; a malformed one is dropped here, never shown half."""
+
+    kind: str  # "threads" | "processes" (another word is kept as written)
+    rank: int
+    world_size: int
+    devices: tuple[tuple[str, tuple[str, ...]], ...]  # (device as torch names it, what it holds), as written
+
+
+def parse_layout(doc: object) -> RankLayout | None:
+    if not isinstance(doc, dict) or not isinstance(doc.get("devices"), dict):
+        return None
+    kind, rank, world = _str(doc.get("kind")), _int(doc.get("rank")), _int(doc.get("world_size"))
+    devices = tuple((str(d), tuple(str(x) for x in held)) for d, held in doc["devices"].items()
+                    if isinstance(held, list))
+    if kind is None or rank is None or world is None or rank < 0 or world < 1 or not devices:
+        return None
+    return RankLayout(kind, rank, world, devices)
+
+
+@dataclass(frozen=True)
+class FlightRecorderReport:
+    """The run's newest set of flight recorder dumps as the probe judged them where they lie
+    (agent/probe/flightdumps.py): how many, of which ranks, those left out, and who is behind where."""
+
+    dir: str | None
+    dumps: int
+    ranks: tuple[int, ...] = ()
+    newest: float | None = None  # the newest dump's mtime (the container's clock)
+    skipped: tuple[tuple[str, str], ...] = ()  # (file name, why it was left out), the first few
+    skipped_count: int = 0
+    behind: tuple[Behind, ...] = ()
+
+    def to_record(self) -> dict[str, Any]:
+        return {"dir": self.dir, "dumps": self.dumps, "ranks": list(self.ranks), "newest": self.newest,
+                "skipped": [{"name": n, "why": w} for n, w in self.skipped], "skipped_count": self.skipped_count,
+                "behind": [{"process_group": b.pg_name or b.pg, "collective": b.op, "seq": b.seq,
+                            "behind": list(b.behind), "waiting": list(b.waiting), "summary": b.line()}
+                           for b in self.behind]}
+
+
+def parse_flight_recorder(doc: Mapping[str, Any]) -> FlightRecorderReport:
+    behind = []
+    for b in _list(doc.get("behind")):
+        try:
+            behind.append(behind_from_doc(b))
+        except (TypeError, ValueError, KeyError, AttributeError):
+            continue
+    return FlightRecorderReport(
+        dir=_str(doc.get("dir")), dumps=_int(doc.get("dumps")) or 0,
+        ranks=tuple(r for r in _list(doc.get("ranks")) if _int(r) is not None), newest=_float(doc.get("newest")),
+        skipped=tuple((str(x.get("name")), str(x.get("why"))) for x in _list(doc.get("skipped"))
+                      if isinstance(x, dict)),
+        skipped_count=_int(doc.get("skipped_count")) or 0, behind=tuple(behind))
 
 
 def check_version(doc: Mapping[str, Any]) -> None:
@@ -249,4 +311,7 @@ def parse_report(doc: Mapping[str, Any]) -> ProbeReport:
         events_data=_b64(doc.get("events_b64")) if "events_b64" in doc else None,
         xid=parse_xid(doc["xid"]) if isinstance(doc.get("xid"), dict) else None,
         stacks_capture=_dict(doc.get("stacks_capture")),
+        layouts=tuple(x for x in map(parse_layout, _list(doc.get("layouts"))) if x is not None),
+        flight_recorder=parse_flight_recorder(doc["flight_recorder"]) if isinstance(doc.get("flight_recorder"), dict)
+        else None,
     )

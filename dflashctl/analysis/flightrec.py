@@ -1,162 +1,29 @@
 """The flight recorder's dumps (torch.distributed, NCCL and gloo): which rank is behind, in which collective.
 
-Each rank's process group keeps a ring of its latest collectives (TORCH_FR_BUFFER_SIZE, formerly
-TORCH_NCCL_TRACE_BUFFER_SIZE) and, on a collective timeout (TORCH_NCCL_DUMP_ON_TIMEOUT) or on request
-(`torch._C._distributed_c10d._dump_fr_trace()`), writes it to `<TORCH_FR_DUMP_TEMP_FILE><rank>`: a pickled dict
-`{"version", "pg_config", "pg_status", "entries": [...]}` (or the same as JSON). `pg_status[pg]` says how far each
-rank got: `last_enqueued_collective`, `last_started_collective`, `last_completed_collective` (sequence numbers).
-In a hang the ranks that wait have enqueued collective N; the rank that is behind never enqueued it: its last
-enqueued is lower. That rank is what to look at (its stack, its log), and N's op (all_reduce …) is where the others
-wait.
-
-Pure: bytes in, records out. Dumps are unpickled with builtins only (a dump holds nothing else; a file that holds
-anything else is refused, never executed).
+The one parser is stdlib-only and lives in agent/lib/flightrec.py, so the status probe runs it in the container on
+the dumps where they lie (only its verdict travels) and `diagnose` runs the same code on copied files; this module
+is the laptop's name for it.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import pickle
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dflashctl.agent.lib.flightrec import (
+    Behind,
+    Collective,
+    DumpError,
+    RankTrace,
+    behind_from_doc,
+    dump_rank,
+    find_behind,
+    load_dump,
+    parse_dump,
+)
+from dflashctl.agent.lib.flightrec_env import DUMP_DIR
 
-from dflashctl.agent.lib.flightrec_env import DUMP_DIR  # noqa: F401  (where a run's dumps go; re-exported)
+__all__ = ["DUMP_DIR", "Behind", "Collective", "DumpError", "RankTrace", "behind", "behind_from_doc", "load",
+           "parse", "rank_of"]
 
-_RANK_RE = re.compile(r"(\d+)(?:\.\w+)?$")  # `…/nccl_trace_rank_3`, `…/fr_trace_rank3.json`
-_SAFE = {("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset", "str", "int", "float", "bool",
-                                    "bytes", "complex")}
-
-
-class DumpError(ValueError):
-    """A file that is not a flight recorder dump (one line: what it is instead)."""
-
-
-class _Builtins(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _SAFE:
-            return super().find_class(module, name)
-        raise DumpError(f"holds a {module}.{name}, which no flight recorder dump does")
-
-
-@dataclass(frozen=True)
-class Collective:
-    seq: int  # collective_seq_id within its process group
-    op: str  # `all_reduce`, `broadcast` … (profiling_name without its `nccl:`/`gloo:` prefix)
-    state: str  # scheduled | started | completed
-    sizes: tuple[tuple[int, ...], ...] = ()
-
-
-@dataclass(frozen=True)
-class RankTrace:
-    """One rank's dump, per process group: how far it got, and its recorded collectives by sequence number."""
-
-    rank: int
-    version: str
-    status: dict[str, tuple[int, int, int]]  # pg → (last enqueued, last started, last completed)
-    names: dict[str, str]  # pg → its name (`default_pg` …)
-    entries: dict[str, dict[int, Collective]] = field(default_factory=dict)  # pg → seq → collective
-
-
-@dataclass(frozen=True)
-class Behind:
-    """A hang's shape in one process group: who waits in which collective, who never reached it."""
-
-    pg: str
-    pg_name: str
-    seq: int  # the collective the waiting ranks are in
-    op: str | None  # its op, as a waiting rank recorded it
-    waiting: tuple[int, ...]
-    behind: tuple[int, ...]
-    last: dict[int, Collective | None]  # per behind rank: its last recorded collective
-
-    def line(self) -> str:
-        ranks = ", ".join(str(r) for r in self.behind)
-        lasts = "; ".join(f"rank {r}'s last: {c.op} #{c.seq}" if c else f"rank {r} recorded none"
-                          for r, c in self.last.items())
-        return (f"rank{'s' if len(self.behind) > 1 else ''} {ranks} behind: never entered {self.op or 'collective'} "
-                f"#{self.seq} of process group {self.pg_name or self.pg}, where rank"
-                f"{'s' if len(self.waiting) > 1 else ''} {', '.join(str(r) for r in self.waiting)} wait"
-                + (f" ({lasts})" if lasts else ""))
-
-
-def rank_of(name: str) -> int | None:
-    """The rank a dump file's name ends with (`<prefix><rank>`), None when it does not."""
-    m = _RANK_RE.search(name)
-    return int(m.group(1)) if m else None
-
-
-def load(data: bytes) -> dict[str, Any]:
-    """A dump's dict, from pickle or JSON bytes; DumpError for anything else."""
-    doc: Any
-    if data[:1] == b"\x80":
-        try:
-            doc = _Builtins(io.BytesIO(data)).load()
-        except DumpError:
-            raise
-        except Exception as e:  # a truncated or foreign pickle
-            raise DumpError(f"not a readable pickle ({type(e).__name__}: {e})") from None
-    else:
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            raise DumpError("neither a pickle nor JSON") from None
-    if not isinstance(doc, Mapping) or "entries" not in doc or "pg_status" not in doc:
-        raise DumpError("no entries and pg_status: not a flight recorder dump")
-    return dict(doc)
-
-
-def parse(data: bytes, rank: int) -> RankTrace:
-    """One rank's dump (its rank from the file name: dumps do not say it)."""
-    doc = load(data)
-    status: dict[str, tuple[int, int, int]] = {}
-    for pg, st in (doc.get("pg_status") or {}).items():
-        if isinstance(st, Mapping):
-            status[str(pg)] = (_int(st.get("last_enqueued_collective")), _int(st.get("last_started_collective")),
-                               _int(st.get("last_completed_collective")))
-    names: dict[str, str] = {}
-    entries: dict[str, dict[int, Collective]] = {}
-    for e in doc.get("entries") or []:
-        if not isinstance(e, Mapping) or e.get("is_p2p"):
-            continue
-        pg_field = e.get("process_group")
-        pg = str(pg_field[0]) if isinstance(pg_field, Sequence) and pg_field else str(e.get("pg_id", ""))
-        if isinstance(pg_field, Sequence) and len(pg_field) > 1:
-            names[pg] = str(pg_field[1])
-        op = str(e.get("profiling_name") or "").split(":", 1)[-1] or "collective"
-        sizes = tuple(tuple(int(x) for x in s) for s in e.get("input_sizes") or () if isinstance(s, Sequence))
-        seq = _int(e.get("collective_seq_id"))
-        entries.setdefault(pg, {})[seq] = Collective(seq, op, str(e.get("state") or ""), sizes)
-    return RankTrace(rank, str(doc.get("version") or ""), status, names, entries)
-
-
-def behind(traces: Sequence[RankTrace]) -> list[Behind]:
-    """Per process group whose ranks disagree on how far they got: the ranks at the lowest last-enqueued collective
-    are behind; the others wait in the collective after it (the first one the behind ranks never enqueued)."""
-    out: list[Behind] = []
-    pgs = sorted({pg for t in traces for pg in t.status})
-    for pg in pgs:
-        got = {t.rank: t.status[pg][0] for t in traces if pg in t.status}
-        if len(got) < 2 or len(set(got.values())) < 2:
-            continue
-        low = min(got.values())
-        lagging = tuple(sorted(r for r, s in got.items() if s == low))
-        waiting = tuple(sorted(r for r, s in got.items() if s > low))
-        seq = low + 1
-        by_rank = {t.rank: t for t in traces}
-        op = next((c.op for r in waiting if (c := by_rank[r].entries.get(pg, {}).get(seq)) is not None), None)
-        name = next((by_rank[r].names[pg] for r in (*waiting, *lagging) if pg in by_rank[r].names), "")
-        last = {r: by_rank[r].entries.get(pg, {}).get(low) for r in lagging}
-        out.append(Behind(pg, name, seq, op, waiting, lagging, last))
-    return out
-
-
-def _int(v: object) -> int:
-    """An int, or one written as a string (the JSON dump writes pg_status's numbers so); -1 for anything else."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.lstrip("-").isdigit():
-        return int(v)
-    return -1
+rank_of = dump_rank
+load = load_dump
+parse = parse_dump
+behind = find_behind

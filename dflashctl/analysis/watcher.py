@@ -16,12 +16,13 @@ from typing import Any
 from dflashctl.analysis.gpus import from_probe
 from dflashctl.analysis.gpuwindow import SERIES, Span, reduce_interval
 from dflashctl.analysis.health import Evidence, GpuSweep, Health, Thresholds, judge
+from dflashctl.analysis.layout import LayoutView, layout_of
 from dflashctl.analysis.logscan import LogScanner
 from dflashctl.analysis.stepclock import StepClock
 from dflashctl.analysis.trainseries import training_series
 from dflashctl.analysis.verdict import EndWatch, ProcessState
 from dflashctl.model import GpuReport, Verdict
-from dflashctl.report import ProbeReport, RunRecord
+from dflashctl.report import FlightRecorderReport, ProbeReport, RunRecord
 
 # How a watch ends when its run is gone (not a verdict of the run: of the watch), and the exit code of each
 # (DESIGN §5: run or host not found 102; a host key mismatch 2). docs/usage.md, "When a watch ends".
@@ -54,6 +55,8 @@ class StatusView:
     gone_why: str | None = None  # that, in one line
     training: dict[str, list[float]] = field(default_factory=dict)  # loss, acc_len (τ) per logged step (trainseries)
     gpu_share: dict[int, tuple[float, float]] | None = None  # GPU → (MiB of the run's processes, of all others)
+    layout: LayoutView | None = None  # which GPU holds what (the dflashctl trainer's heartbeats; None: another program)
+    flight_recorder: FlightRecorderReport | None = None  # the run's flight recorder dumps, judged in the container
 
     @property
     def run_id(self) -> str | None:
@@ -87,6 +90,8 @@ class StatusView:
             "training": self.training,
             "gpu_share": None if self.gpu_share is None else
             [{"gpu": i, "ours_mib": o, "others_mib": x} for i, (o, x) in sorted(self.gpu_share.items())],
+            "layout": None if self.layout is None else self.layout.to_record(),
+            "flight_recorder": None if self.flight_recorder is None else self.flight_recorder.to_record(),
         }
         rec.update(self.health.to_record())
         rec["gpus"] = [dict(g, history=h.history, series={k: [None if x is None else list(x) for x in xs]
@@ -238,7 +243,8 @@ class Watcher:
             log_path=log.path if log else None, log_lines_from_start=self.from_start, gpu_error=gpu_error,
             log_offset=self.next_offset, log_bytes_scanned=self.scanner.bytes_scanned, settling=settling,
             restart_pending=bool(run and run.restart) and health.verdict.is_terminal,
-            training=training_series(report.progress),
+            training=training_series(report.progress), layout=layout_of(doc.layouts),
+            flight_recorder=doc.flight_recorder,
         )
         self.last = view
         return view

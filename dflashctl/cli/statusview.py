@@ -128,17 +128,21 @@ def _cause(health: Health) -> list[Text]:
 
 
 def render(title: str, health: Health, *, extra: list[str] = (), history: bool = False,
-           notes: list[str] = (), ended: str | None = None, gpu_note: str | None = None,
+           notes: list[str | Text] = (), ended: str | None = None, gpu_note: str | None = None,
            share: dict[int, tuple[float, float]] | None = None,
-           training: dict[str, list[float]] | None = None) -> RenderableType:
+           training: dict[str, list[float]] | None = None, layout: str | None = None,
+           holds: dict[int, str] | None = None) -> RenderableType:
     """The whole view: header, why, threads, GPUs, diagnoses. Used by status, --watch and diagnose.
     gpu_note: one line in the GPU section when there are no readings (why there are none). share: GPU → MiB held
-    by the run's processes and by all others (the host view, `gpus`); training: loss and τ series (sparklines)."""
+    by the run's processes and by all others (the host view, `gpus`); training: loss and τ series (sparklines).
+    layout: the trainer's layout in one line; holds: GPU → what it holds (a GPU column)."""
     parts: list[RenderableType] = [_header(title, health, list(extra), ended), *_cause(health)]
     for note in notes:
-        parts.append(Text(note, style="bold magenta"))
+        parts.append(note if isinstance(note, Text) else Text(note, style="bold magenta"))
     for i, reason in enumerate(health.reasons):  # why the verdict: labelled, one reason a line, aligned
         parts.append(Text(f"  {'why:' if i == 0 else '    '} {reason}", style="dim"))
+    if layout:
+        parts.append(Text.assemble(("layout", "bold"), f"  {layout}"))
     if health.threads:
         tt = Table(title="threads", title_justify="left", box=None, pad_edge=False, show_edge=False)
         for col in ("name", "state", "exception", "message"):
@@ -154,6 +158,8 @@ def render(title: str, health: Health, *, extra: list[str] = (), history: bool =
             gt.add_column(col, justify="right" if col not in ("finding", "health") else "left")
         if share is not None:
             gt.add_column("run / others (host)", justify="right")
+        if holds:
+            gt.add_column("holds")
         if history:
             for title, _, _ in HISTORIES:
                 gt.add_column(title, no_wrap=True)
@@ -166,6 +172,8 @@ def render(title: str, health: Health, *, extra: list[str] = (), history: bool =
             if share is not None:
                 ours, others = share.get(s.index, (None, None))
                 row.append("-" if ours is None else f"{ours:.0f} / {others:.0f} MiB")
+            if holds:
+                row.append(escape(holds.get(s.index, "-")))
             if history:
                 row += [_history(g, key, unit) for _, key, unit in HISTORIES]
             gt.add_row(*row)
@@ -206,7 +214,7 @@ def render_view(v: StatusView, *, history: bool = False, events: int | None = 5)
     if v.uptime_s is not None:
         extra.append(f"up {age(v.uptime_s)}")
     extra.append(f"last log {age(v.seconds_since_log)} ago" if v.seconds_since_log is not None else "last log -")
-    notes = []
+    notes: list[str | Text] = flight_lines(v)  # beside the cause: who is behind, in which collective
     if v.reconnecting:
         notes.append(f"reconnecting… ({v.reconnecting})")
     if v.settling:
@@ -217,13 +225,31 @@ def render_view(v: StatusView, *, history: bool = False, events: int | None = 5)
         notes.append(f"restarting: {(v.run.restart or {}).get('why') if v.run else ''}")
     view = render(f"{v.host} · run {v.run_id or '-'}", v.health, extra=extra, history=history, notes=notes,
                   ended=ended, gpu_note=gpu_note(v.gpu_error, has_gpus=bool(v.health.gpus)),
-                  share=v.gpu_share, training=v.training)
+                  share=v.gpu_share, training=v.training, layout=v.layout.line() if v.layout else None,
+                  holds=v.layout.gpus() if v.layout else None)
     from dflashctl.cli.timeline import render_capture, render_events
 
     extra_parts = [render_capture(v.stacks)] if v.stacks else []
     if events != 0 and (v.events or events is None):
         extra_parts.append(render_events(v.events, limit=events))
     return Group(view, *extra_parts) if extra_parts else view
+
+
+def flight_lines(v: StatusView) -> list[str | Text]:
+    """The flight recorder's dumps of the run: per process group who is behind and where the others wait, then which
+    dumps say so (how old, those left out). Nothing when the run has none."""
+    fr = v.flight_recorder
+    if fr is None:
+        return []
+    out: list[str | Text] = [Text(f"flight recorder: {b.line()}", style="bold red") for b in fr.behind]
+    when = f", {age(v.time - fr.newest)} ago" if v.time is not None and fr.newest is not None else ""
+    ranks = ",".join(map(str, fr.ranks)) or "-"
+    verdict = "" if fr.behind else ": every rank got equally far" if fr.dumps > 1 else ": one rank's only"
+    line = f"  flight recorder dumps of rank{'s' if len(fr.ranks) != 1 else ''} {ranks}{verdict}{when} ({fr.dir})"
+    if fr.skipped_count:
+        line += f"; {fr.skipped_count} left out: " + "; ".join(f"{n} ({w})" for n, w in fr.skipped[:2])
+    out.append(Text(line, style="dim"))
+    return out
 
 
 def gpu_note(error: str | None, *, has_gpus: bool) -> str | None:

@@ -99,3 +99,113 @@ def test_dumps_given_as_files_are_read_as_dumps_and_a_bad_one_is_one_line(dumps:
     with pytest.raises(ConfigError) as e:
         diagnose([bad], [])
     assert "neither a pickle nor JSON" in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- status: the probe judges the run's dumps in the container (agent/probe/flightdumps.py), only the verdict travels
+
+RUN = "20261203-130000-frhang"
+
+
+def _workspace_run(tmp_path: Path) -> Path:
+    import json
+
+    run = tmp_path / "ws" / "runs" / RUN
+    run.mkdir(parents=True)
+    (run / "meta.json").write_text(json.dumps({"id": RUN, "name": "frhang", "started_at_epoch": 1.0}))
+    (run / "train.log").write_text("step=1 loss=2.0\n")
+    return run
+
+
+def _probe_doc(tmp_path: Path) -> dict:
+    import json
+
+    from dflashctl.agent.probe.main import report
+    from dflashctl.agent.probe.request import ProbeRequest
+
+    return json.loads(json.dumps(report(ProbeRequest(workspace=str(tmp_path / "ws"), run=RUN, events=True), None,
+                                        None)))
+
+
+def _put(run: Path, dumps: Path, folder: str = "", ranks: tuple[int, ...] = (0, 1), mtime: float | None = None) -> None:
+    where = run / flightrec.DUMP_DIR / folder
+    where.mkdir(parents=True, exist_ok=True)
+    for r in ranks:
+        (where / f"nccl_trace_rank_{r}").write_bytes((dumps / f"fr_trace_rank_{r}").read_bytes())
+        if mtime is not None:
+            os.utime(where / f"nccl_trace_rank_{r}", (mtime, mtime))
+
+
+def test_status_says_which_rank_is_behind_from_dumps_judged_in_the_container(dumps: Path, tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from dflashctl.analysis.watcher import Watcher
+    from dflashctl.cli.statusview import render_view
+    from dflashctl.report import parse_report
+
+    run = _workspace_run(tmp_path)
+    assert _probe_doc(tmp_path)["flight_recorder"] is None  # no dumps: nothing said
+    _put(run, dumps)
+    doc = _probe_doc(tmp_path)
+    size = sum(len((dumps / f"fr_trace_rank_{r}").read_bytes()) for r in (0, 1))
+    assert len(__import__("json").dumps(doc["flight_recorder"])) < min(2048, size)  # the verdict, not the dumps
+    view = Watcher("h").update(parse_report(doc))
+    fr = view.to_record()["flight_recorder"]
+    assert (fr["dumps"], fr["ranks"], fr["skipped_count"]) == (2, [0, 1], 0)
+    assert fr["behind"] == [{"process_group": "default_pg", "collective": "all_reduce", "seq": 5, "behind": [1],
+                             "waiting": [0], "summary": "rank 1 behind: never entered all_reduce #5 of process group "
+                             "default_pg, where rank 0 wait (rank 1's last: broadcast #4)"}]
+    console = Console(width=200, record=True)
+    console.print(render_view(view))
+    lines = console.export_text().splitlines()
+    assert lines[1].startswith("flight recorder: rank 1 behind: never entered all_reduce #5")  # right under the header
+    assert "flight recorder dumps of ranks 0,1" in lines[2]
+
+
+def test_the_newest_set_of_dumps_is_read_and_files_that_are_not_dumps_are_named(dumps: Path, tmp_path: Path) -> None:
+    run = _workspace_run(tmp_path)
+    _put(run, dumps, ranks=(0,), mtime=1_000_000.0)  # an older dump of rank 0 alone
+    _put(run, dumps, "stall-2", mtime=2_000_000.0)  # the sentinel's set of a later stall
+    (run / flightrec.DUMP_DIR / "stall-2" / "nccl_trace_rank_2").write_bytes(b"torn\n")
+    (run / flightrec.DUMP_DIR / "stall-2" / "README").write_bytes(b"x")
+    fr = _probe_doc(tmp_path)["flight_recorder"]
+    assert fr["dir"].endswith("flightrec/stall-2") and fr["ranks"] == [0, 1]
+    assert [b["behind"] for b in fr["behind"]] == [[1]]
+    assert fr["skipped"] == [{"name": "nccl_trace_rank_2", "why": "neither a pickle nor JSON"},
+                             {"name": "README", "why": "no rank at the end of its name"}]
+
+
+def test_dumps_beyond_the_bounds_are_left_out_saying_so(dumps: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from dflashctl.agent.probe import flightdumps
+
+    run = _workspace_run(tmp_path)
+    _put(run, dumps)
+    small = min(len((dumps / f"fr_trace_rank_{r}").read_bytes()) for r in (0, 1)) - 1
+    monkeypatch.setattr(flightdumps, "FR_FILE_MAX", small)
+    fr = _probe_doc(tmp_path)["flight_recorder"]
+    assert fr["dumps"] == 0 and fr["skipped_count"] == 2 and fr["behind"] == []
+    assert all("above the" in s["why"] for s in fr["skipped"])
+    monkeypatch.setattr(flightdumps, "FR_FILE_MAX", 64 << 20)
+    monkeypatch.setattr(flightdumps, "FR_FILES_MAX", 1)
+    fr = _probe_doc(tmp_path)["flight_recorder"]
+    assert fr["ranks"] == [0] and fr["skipped"] == [{"name": "nccl_trace_rank_1",
+                                                     "why": "more dumps than are read per report"}]
+
+
+def test_a_watch_reads_a_dump_again_once_it_changed(dumps: Path, tmp_path: Path) -> None:
+    run = _workspace_run(tmp_path)
+    _put(run, dumps, mtime=1_000_000.0)
+    assert [b["behind"] for b in _probe_doc(tmp_path)["flight_recorder"]["behind"]] == [[1]]
+    one = run / flightrec.DUMP_DIR / "nccl_trace_rank_1"
+    one.write_bytes((dumps / "fr_trace_rank_0").read_bytes())  # rank 1 caught up: both as far as rank 0
+    os.utime(one, (1_000_001.0, 1_000_001.0))
+    fr = _probe_doc(tmp_path)["flight_recorder"]
+    assert fr["behind"] == [] and fr["dumps"] == 2
+
+
+def test_a_dump_with_values_of_the_wrong_kind_is_one_dump_error() -> None:
+    bad = pickle.dumps({"pg_status": {"0": {}}, "entries": [{"input_sizes": [["x"]], "collective_seq_id": 1}]})
+    with pytest.raises(flightrec.DumpError, match="wrong kind"):
+        flightrec.parse(bad, 0)
+    with pytest.raises(flightrec.DumpError, match="wrong kind"):
+        flightrec.parse(b'{"pg_status": [1], "entries": []}', 0)

@@ -15,7 +15,9 @@ import time
 
 from dflashctl.agent.lib.frame import reply
 from dflashctl.agent.lib.runstate import list_runs, log_tail, resolve_run, run_ids, run_state
+from dflashctl.agent.probe.flightdumps import flight_dumps
 from dflashctl.agent.probe.gpus import GpuReader, gpu_report
+from dflashctl.agent.probe.layouts import rank_layouts
 from dflashctl.agent.probe.logtail import read_log
 from dflashctl.agent.probe.logwait import LogWaiter
 from dflashctl.agent.probe.procs import host_gpu_procs, scan_procs
@@ -73,6 +75,9 @@ def report(args: ProbeRequest, offset, inode, gpu_reader: GpuReader | None = Non
                 if args.events:
                     doc["events_b64"] = log_tail(os.path.join(found[1], "events.jsonl"), EVENTS_MAX)
                     doc["stacks_capture"] = newest_capture(found[1])
+                    # what status shows beside the sentinel's records: every rank's layout, the recorder's dumps
+                    doc["layouts"] = rank_layouts(found[1], doc["run"].get("heartbeat"))
+                    doc["flight_recorder"] = flight_dumps(found[1])
         if args.runs:
             doc["runs"] = list_runs(runs_dir)
     if args.gpus:

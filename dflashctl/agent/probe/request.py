@@ -10,7 +10,8 @@ log_inode    the inode log_offset belongs to (a log rotated since is read from 0
 log_max      at most this many log bytes
 procs, pids  the process scan; pids: report these too, even when nothing marks them
 gpus         a GPU reading (NVML, else nvidia-smi)
-events       with run: the run's events.jsonl (its last 64 KiB) and newest stack capture
+events       with run: the run's events.jsonl (its last 64 KiB), newest stack capture, every rank's layout
+             (heartbeats) and its flight recorder dumps as judged in the container
 runs         every run's state
 host_gpu_procs  a container id: run on the Proxmox host, that container's GPU compute processes
 xid          the kernel log's NVRM Xid lines (where it is readable)
