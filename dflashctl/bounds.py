@@ -43,6 +43,8 @@ WINDOW_S = Range(0.1, 30 * 86400.0, "s")
 PERSIST_S = Range(0.0, 86400.0, "s")
 # Deploy size limits.
 SIZE_MIB = Range(0.001, 1024.0 * 1024.0, "MiB")
+# Restarts of a run: each is a new attempt with its own run dir; beyond a thousand a loop only fills the disk.
+RESTARTS = Range(1, 1000, integer=True)
 # Lines of a log to show.
 LINES = Range(0, 10_000_000, integer=True)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from dflashctl import bounds
 from dflashctl.errors import ConfigError
 from dflashctl.model import JudgeSettings
 
@@ -242,8 +243,9 @@ def parse_restart(on: str | Iterable[str] | None, max_restarts: int | None,
         raise ConfigError("--restart-on (empty): nothing is not a restartable ending",
                           hint=f"use {' and/or '.join(RESTART_ON)}, or signature ids (docs/failures.md)")
     n = 1 if max_restarts is None else max_restarts
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"--max-restarts {max_restarts!r} must be a whole number ≥ 1", hint="e.g. --max-restarts 3")
+    why = bounds.problem(n, bounds.RESTARTS)
+    if why:
+        raise ConfigError(f"--max-restarts {why}", hint="e.g. --max-restarts 3")
     return Restart(tuple(k for k in RESTART_ON if k in items) + ids, n,
                    10.0 if backoff is None else parse_duration(backoff, "restart backoff"))
 

@@ -149,8 +149,9 @@ def test_a_restart_rule_is_parsed_with_its_defaults() -> None:
     ("exploded", 3, None, "--restart-on exploded: exploded is not a restartable ending"),
     ("crashed,finished", 3, None, "--restart-on crashed,finished: finished is not a restartable ending"),
     ("", 3, None, "--restart-on (empty): nothing is not a restartable ending"),
-    ("crashed", 0, None, "--max-restarts 0 must be a whole number ≥ 1"),
-    ("crashed", True, None, "--max-restarts True must be a whole number ≥ 1"),
+    ("crashed", 0, None, "--max-restarts must be a whole number from 1 to 1000, not 0"),
+    ("crashed", True, None, "--max-restarts must be a whole number from 1 to 1000, not True"),
+    ("crashed", 10**9, None, "--max-restarts must be a whole number from 1 to 1000, not 1000000000"),
     ("crashed", 2, "0s", "restart backoff '0s' must be longer than 0 s"),
 ])
 def test_a_restart_rule_missing_a_piece_is_refused(on: str | None, n: int | None, backoff: str | None,
