@@ -40,6 +40,7 @@ class NodeRow:
     error: str | None = None
     exit_code: int = 0
     counted_as: Verdict | None = None  # what this node adds to the run's verdict (judge(): a later node `starting`)
+    final: bool = False  # an error row that will not change: its run, container or host is gone, or it cannot be named
 
     @property
     def verdict(self) -> Verdict | None:

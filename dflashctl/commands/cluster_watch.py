@@ -35,19 +35,19 @@ def watch_across(inv: Inventory, first: Host, cluster: dict[str, Any], run_id: s
         try:  # a member's name comes from a container's meta.json: a plain name, or that node is an error row
             safe_name(name, "cluster member host name", first.name)
         except MalformedReply as e:
-            reports.put(NodeRow(repr(name)[:40], rank, error=e.message, exit_code=int(e.exit_code)))
+            reports.put(NodeRow(repr(name)[:40], rank, error=e.message, exit_code=int(e.exit_code), final=True))
             return
         host = first if name == first.name else inv.hosts.get(name)
         while not stop.is_set():
             if host is None:
                 reports.put(NodeRow(name, rank, error=f"host {name} is not in {inv.source}",
-                                    exit_code=int(ExitCode.NOT_FOUND)))
+                                    exit_code=int(ExitCode.NOT_FOUND), final=True))
                 return
             views = status_cmd.watch(lambda h=host: connect(h), run_id, interval=interval)
             try:
                 for v in views:
                     if v.gone:  # its run directory, container or host is gone: that node's watch is over
-                        reports.put(NodeRow(name, rank, error=v.gone_why, exit_code=v.exit_code))
+                        reports.put(NodeRow(name, rank, error=v.gone_why, exit_code=v.exit_code, final=True))
                         return
                     reports.put(NodeRow(name, rank, v))
                     if stop.is_set() or (v.health.verdict.is_terminal and not v.settling):
@@ -74,10 +74,12 @@ def watch_across(inv: Inventory, first: Host, cluster: dict[str, Any], run_id: s
 
 
 def settled(cs: ClusterStatus, expected: int, exit_on_failure: bool) -> bool:
-    """Whether a watch can end: every node reported and ended (or, with --exit-on-failure, the run failed)."""
+    """Whether a watch can end: every node reported and ended — its run over, or its watch over for good (run,
+    container or host gone: it will never report again) — or, with --exit-on-failure, the run failed. A node that
+    could not be reached this time is retried, so it keeps the watch open."""
     if len(cs.nodes) < expected or any(n.view is not None and (n.view.settling or n.view.reconnecting)
                                        for n in cs.nodes):
         return False
     if exit_on_failure and cs.verdict.is_failure:
         return True
-    return all(n.view is not None and n.view.health.verdict.is_terminal for n in cs.nodes)
+    return all(n.final if n.view is None else n.view.health.verdict.is_terminal for n in cs.nodes)
