@@ -20,7 +20,7 @@ import dflashctl
 
 PACKAGE_DIR = Path(dflashctl.__file__).parent
 # what the sentinel imports: itself, the judging engine and what that stands on; never cli/, commands/, remote/
-PARTS = ("__init__.py", "model.py", "errors.py", "report.py", "analysis", "agent", "sentinel")
+PARTS = ("__init__.py", "model.py", "errors.py", "bounds.py", "report.py", "analysis", "agent", "sentinel")
 MAIN = "import sys\n\nfrom dflashctl.sentinel.main import main\n\nsys.exit(main(sys.argv[1:]))\n"
 _EPOCH = (2020, 1, 1, 0, 0, 0)
 
