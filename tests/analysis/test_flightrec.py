@@ -47,7 +47,7 @@ def test_the_rank_that_left_out_a_collective_is_behind_and_the_other_waits_in_it
     b = found[0]
     assert (b.behind, b.waiting, b.seq, b.op, b.pg_name) == ((1,), (0,), 5, "all_reduce", "default_pg")
     assert b.last[1] is not None and (b.last[1].op, b.last[1].seq) == ("broadcast", 4)
-    assert b.line() == ("rank 1 behind: never entered all_reduce #5 of process group default_pg, where rank 0 wait "
+    assert b.line() == ("rank 1 behind: never entered all_reduce #5 of process group default_pg, where rank 0 waits "
                         "(rank 1's last: broadcast #4)")
 
 
@@ -153,7 +153,7 @@ def test_status_says_which_rank_is_behind_from_dumps_judged_in_the_container(dum
     assert (fr["dumps"], fr["ranks"], fr["skipped_count"]) == (2, [0, 1], 0)
     assert fr["behind"] == [{"process_group": "default_pg", "collective": "all_reduce", "seq": 5, "behind": [1],
                              "waiting": [0], "summary": "rank 1 behind: never entered all_reduce #5 of process group "
-                             "default_pg, where rank 0 wait (rank 1's last: broadcast #4)"}]
+                             "default_pg, where rank 0 waits (rank 1's last: broadcast #4)"}]
     console = Console(width=200, record=True)
     console.print(render_view(view))
     lines = console.export_text().splitlines()
@@ -209,3 +209,10 @@ def test_a_dump_with_values_of_the_wrong_kind_is_one_dump_error() -> None:
         flightrec.parse(bad, 0)
     with pytest.raises(flightrec.DumpError, match="wrong kind"):
         flightrec.parse(b'{"pg_status": [1], "entries": []}', 0)
+
+
+def test_the_line_says_which_ranks_wait_in_the_right_number() -> None:
+    b = flightrec.Behind("0", "default_pg", 5, "all_reduce", (0, 2, 3), (1,), {1: None})
+    assert b.line() == ("rank 1 behind: never entered all_reduce #5 of process group default_pg, where ranks 0, 2, 3 "
+                        "wait (rank 1 recorded none)")
+    assert flightrec.behind_from_doc(b.to_doc()) == b

@@ -77,8 +77,9 @@ class Behind:
         lasts = "; ".join(f"rank {r}'s last: {c.op} #{c.seq}" if c else f"rank {r} recorded none"
                           for r, c in self.last.items())
         return (f"rank{'s' if len(self.behind) > 1 else ''} {ranks} behind: never entered {self.op or 'collective'} "
-                f"#{self.seq} of process group {self.pg_name or self.pg}, where rank"
-                f"{'s' if len(self.waiting) > 1 else ''} {', '.join(str(r) for r in self.waiting)} wait"
+                f"#{self.seq} of process group {self.pg_name or self.pg}, where "
+                + (f"ranks {', '.join(str(r) for r in self.waiting)} wait" if len(self.waiting) > 1
+                   else f"rank {self.waiting[0]} waits" if self.waiting else "no rank waits")
                 + (f" ({lasts})" if lasts else ""))
 
     def to_doc(self) -> dict[str, Any]:
