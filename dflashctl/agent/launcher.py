@@ -159,7 +159,7 @@ def _fill_and_start(spec: dict, source: str, run_id: str, run_dir: str, checkpoi
     write_atomic(os.path.join(run_dir, "launch.json"),
                  json.dumps({"argv": argv, "cwd": cwd, "env": spec.get("env") or {},
                              "what": "program" if exec_mode else "trainer", "sentinel": spec.get("sentinel"),
-                             "wait": spec.get("wait")}).encode())
+                             "wait": spec.get("wait"), "gpu_health": spec.get("gpu_health")}).encode())
     os.chmod(os.path.join(run_dir, "launch.json"), 0o600)  # its env values and notify URLs: the owner's only
     write_atomic(os.path.join(run_dir, "launcher.py"), source.encode())
     if spec.get("sentinel_zip_b64"):

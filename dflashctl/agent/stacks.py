@@ -19,6 +19,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from dflashctl.agent.lib.captures import save_capture
 from dflashctl.agent.lib.frame import reply
 from dflashctl.agent.lib.fsutil import read_int, write_atomic
 from dflashctl.agent.lib.procfs import marked_processes, proc_argv
@@ -134,10 +135,13 @@ def summary(doc: dict, path: str | None) -> dict:
             "dumped": sum(1 for p in procs if p["method"]), "processes": procs}
 
 
-def capture(run_dir: str, run_id: str, reason: str, *, save: bool = True, include_all: bool = False) -> dict:
+def capture(run_dir: str, run_id: str, reason: str, *, save: bool = True, include_all: bool = False,
+            attempt: int | None = None) -> dict:
     """Dump the run's stacks now and save them (<run>/stacks/capture-<stamp>.json); returns summary()'s record.
     Bounded: py-spy 10 s per process (8 at once), the dump signal 5 s for all. Never raises for a process it
-    cannot dump (that process's error says why); an unwritable run directory gives path None and "write_error"."""
+    cannot dump (that process's error says why); an unwritable run directory gives path None and "write_error".
+    attempt: also keep them with the flight recorder's dumps in <run>/captures/<attempt>-<stamp>/ (a hang's
+    evidence together, lib/captures.py), described under "capture"."""
     doc = collect(run_dir, run_id, reason, include_all=include_all)
     path, write_error = None, None
     if save:
@@ -148,6 +152,8 @@ def capture(run_dir: str, run_id: str, reason: str, *, save: bool = True, includ
     out = summary(doc, path)
     if write_error:
         out["write_error"] = write_error
+    if attempt is not None:
+        out["capture"] = save_capture(run_dir, attempt, doc)
     return out
 
 

@@ -66,9 +66,10 @@ def launch(
     kill_zombies: bool = KillZombiesOpt,
     exclude_unhealthy_gpus: bool = typer.Option(False, "--exclude-unhealthy-gpus",
                                                 help="leave out GPUs with critical health findings (uncorrectable "
-                                                     "ECC, pending/failed row remaps, Xid 48/79/94/95): a program "
-                                                     "gets the rest as CUDA_VISIBLE_DEVICES; refused when none "
-                                                     "remain, or for the trainer, which needs its configured GPUs"),
+                                                     "ECC, pending/failed row remaps, Xid 48/79/94/95), at launch "
+                                                     "and again before each restart: the program gets the rest as "
+                                                     "CUDA_VISIBLE_DEVICES; refused when fewer remain than its "
+                                                     "ranks per node, or when the host's configured GPUs are hit"),
     resume_from: str | None = typer.Option(None, "--resume-from", metavar="RUN",
                                            help="continue an ended run (id or latest) from its newest checkpoint, "
                                                 "in a new run directory, with its config unless --config"),

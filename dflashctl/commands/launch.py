@@ -23,14 +23,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dflashctl.analysis.gpuexclude import exclusion
-from dflashctl.analysis.gpuhealth import gpu_health, health_findings
 from dflashctl.analysis.gpus import memory_by_index
 from dflashctl.analysis.progress import is_training_step
 from dflashctl.analysis.verdict import EndWatch
-from dflashctl.analysis.xids import xid_events
 from dflashctl.commands import deploy as deploy_cmd
 from dflashctl.commands import zombies
+from dflashctl.commands.launch_gpus import plan, program_words
 from dflashctl.commands.program import (
     DEFAULT_CONFIG,
     NAME_MAX,
@@ -137,8 +135,15 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
     _check_disk(doc, host.workspace)
     _check_gpus(doc, _requested_gpus(host))
     env = dict(opts.env)
-    if opts.exclude_unhealthy_gpus:
-        env.update(_exclude_unhealthy(doc, host, env, trainer=command is None, notes=notes, say=say))
+    gpu_health = None
+    if opts.exclude_unhealthy_gpus:  # the rule a restart applies again (analysis/gpuexclude.py)
+        gpus = plan(doc, host, env, program_words(command if opts.shell is None else None, opts.shell, opts.runner),
+                    trainer=command is None)
+        env.update(gpus.env)
+        gpu_health = gpus.record
+        for note in gpus.notes:
+            notes.append(note)
+            say(note)
 
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     spec = {
@@ -159,6 +164,7 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
         "env": {"PYTHONUNBUFFERED": "1", **env},
         "slug": slug,
         "sentinel": watch.to_record() if watch else None,
+        "gpu_health": gpu_health,
         "sentinel_zip_b64": base64.b64encode(bundle.sentinel_zip()).decode() if watch else None,
         "meta": {
             "name": name,
@@ -287,30 +293,6 @@ def _check_disk(doc: ProbeReport, workspace: str) -> None:
         raise LaunchRefused(f"only {free:.0f} MiB free on {disk.path or workspace}; a run needs at least "
                             f"{MIN_FREE_MIB:.0f} MiB for its logs and checkpoints",
                             hint="remove old run directories under <workspace>/runs")
-
-
-def _exclude_unhealthy(doc: ProbeReport, host: Host, env: dict[str, str], *, trainer: bool, notes: list[str],
-                       say: Callable[[str], None]) -> dict[str, str]:
-    """`--exclude-unhealthy-gpus`: the GPUs the run would use (the host's, else the user's CUDA_VISIBLE_DEVICES, else
-    every GPU the probe saw) less those with critical findings; CUDA_VISIBLE_DEVICES for a program, a refusal for
-    the trainer (its config names its GPUs) or when none remain."""
-    findings = health_findings(gpu_health(doc.gpus), xid_events(doc.xid.lines if doc.xid is not None else ()))
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    gpus = _requested_gpus(host) or (tuple(int(x) for x in visible.split(",") if x.strip().isdigit()) if visible
-                                      else tuple(sorted({h.index for h in gpu_health(doc.gpus)})))
-    ex = exclusion(gpus, findings)
-    if not ex.left_out:
-        return {}
-    if trainer:
-        raise LaunchRefused(f"unhealthy GPUs the trainer is configured to use: {ex.why()}",
-                            hint="leave them out of gpus_target/gpus_drafters in hosts.toml, or reset them "
-                                 "(dflashctl status shows each finding's remedy)")
-    if not ex.keep:
-        raise LaunchRefused(f"no healthy GPU remains: {ex.why()}", hint="reset or replace them (dflashctl status "
-                                                                        "shows each finding's remedy)")
-    notes.append(f"left out {ex.why()}; the program gets CUDA_VISIBLE_DEVICES={','.join(map(str, ex.keep))}")
-    say(notes[-1])
-    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in ex.keep)}
 
 
 def _check_gpus(doc: ProbeReport, requested: tuple[int, ...]) -> None:

@@ -32,9 +32,11 @@ from dflashctl.agent.stacks import capture
 from dflashctl.analysis import judging
 from dflashctl.analysis.watcher import StatusView
 from dflashctl.analysis.watchspec import SentinelSpec
+from dflashctl.model import Verdict
 from dflashctl.report import parse_report
 from dflashctl.sentinel.chain import restart_why
 from dflashctl.sentinel.events import EVENTS_FILE, Event, EventTracker
+from dflashctl.sentinel.gpurecheck import recheck, refusal_message
 from dflashctl.sentinel.notify import Notifier
 from dflashctl.sentinel.policy import Decision, PolicyState
 
@@ -45,8 +47,9 @@ READ_MAX = 4 << 20  # log bytes per read: a burst is read in several passes, mem
 
 
 class Sentinel:
-    def __init__(self, run_dir: str, run_id: str, spec: SentinelSpec) -> None:
+    def __init__(self, run_dir: str, run_id: str, spec: SentinelSpec, gpu_health: dict | None = None) -> None:
         self.run_dir, self.run_id, self.spec = run_dir, run_id, spec
+        self.gpu_health = gpu_health  # launch --exclude-unhealthy-gpus: what a restart re-checks (gpurecheck.py)
         self.workspace = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
         self.watcher = judging.watcher(spec.host, spec.judge, live=True)  # as `status --watch` judges it
         self.tracker = EventTracker(run_id, policy=spec.policy)
@@ -61,7 +64,7 @@ class Sentinel:
         self.last: StatusView | None = None
         self._write_lock = threading.Lock()
         self.gpu_reader = GpuReader()  # NVML initialised once, device handles kept for the run's life
-        self.captured: str | None = None  # the stall shape whose stacks were captured (once per stall)
+        self.hung: str | None = None  # "stalled" | "collective timeout" whose evidence was captured: once each
 
     # -- I/O at the edges -------------------------------------------------------------------------------------
     def append(self, event: Event) -> None:
@@ -119,25 +122,57 @@ class Sentinel:
         for ev in events:
             self.append(ev)
             self.notifier.submit(ev)
-        shape = view.health.stall_shape
-        if shape is not None and shape != self.captured and view.run is not None and view.run.alive:
-            threading.Thread(target=self.capture_stacks, args=(view, f"stalled: {shape}"), daemon=True,
-                             name="stacks").start()
-        self.captured = shape
+        why = hang_reason(view)
+        kind = why.partition(":")[0] if why is not None else None
+        if kind is not None and kind != self.hung and view.run is not None and view.run.alive:
+            threading.Thread(target=self.capture_stacks, args=(view, why), daemon=True, name="stacks").start()
+            self.hung = kind
+        elif kind is None:
+            self.hung = None
         if decision is not None:
             self.stop_run(decision)
 
     def capture_stacks(self, view: StatusView, reason: str) -> None:
         """What every thread is doing, once per stall, saved in <run>/stacks/ (agent/stacks.py: py-spy, else our
-        trainer's dump signal); off the loop, since it may take seconds."""
+        trainer's dump signal) and, with the flight recorder's dumps, in <run>/captures/<attempt>-<stamp>/ (one
+        stacks file per rank); off the loop, since it may take seconds."""
         try:
-            got = capture(self.run_dir, self.run_id, reason)
+            got = capture(self.run_dir, self.run_id, reason, attempt=self.spec.attempt)
         except Exception as e:  # noqa: BLE001 - a failed capture must not end the watch
             got = {"path": None, "reason": reason, "processes": [], "error": f"{type(e).__name__}: {e}"}
         dumped = got.get("dumped", 0)
         where = got.get("path") or "not saved"
+        kept = got.get("capture") or {}
+        if kept.get("dir"):
+            ranks = sorted(s["rank"] for s in kept.get("stacks") or () if s.get("rank") is not None)
+            where += (f"; with {len(kept.get('dumps') or ())} flight-recorder dump(s)"
+                      + (f" and the stacks of rank(s) {','.join(map(str, ranks))}" if ranks else "")
+                      + f" in {kept['dir']}")
+        elif kept.get("error"):
+            where += f"; no capture folder ({kept['error']})"
         self.append(Event(time.time(), "stacks", self.run_id, view.health.verdict.value,
-                          f"stacks of {dumped} process(es) captured ({reason}): {where}", dict(got)))
+                          f"stacks of {dumped} process(es) captured ({reason}): {where}",
+                          dict(got, capture_dir=kept.get("dir"))))
+
+    def gpus_for_restart(self, why: str, final: StatusView) -> tuple[str | None, dict | None]:
+        """--exclude-unhealthy-gpus: the GPUs the next attempt gets (restart.json `gpus`), or no restart and an
+        event (notified) that says which GPUs and why. A check that fails to run leaves the restart as it was."""
+        if not self.gpu_health or not self.gpu_health.get("pool"):
+            return why, None
+        attempt = self.spec.attempt + 1
+        try:
+            check = recheck(self.gpu_health, self.gpu_reader)
+        except Exception as e:  # noqa: BLE001 - a broken reading must not cost the restart
+            sys.stderr.write(f"[sentinel] GPU re-check before attempt {attempt} failed: {type(e).__name__}: {e}\n")
+            return why, None
+        if check.exclusion.refused is None:
+            return why, check.to_record()
+        ev = Event(time.time(), "restart", self.run_id, final.health.verdict.value, refusal_message(attempt, check),
+                   {"attempt": attempt, "next_run": None, "why": why, "error": check.exclusion.refused,
+                    "gpus": check.to_record()})
+        self.append(ev)
+        self.notifier.submit(ev)
+        return None, None
 
     def watch_end(self, stream) -> None:  # noqa: ANN001 - the supervisor's pipe (a binary file)
         """The supervisor's word: one line with the exit code, or EOF (it is gone)."""
@@ -168,12 +203,15 @@ class Sentinel:
             self.handle(self.sample())
         final = self.sample(final=True)
         self.handle(final)
-        self.notifier.flush(FLUSH_S)
+        gpus = None
         why = restart_why(spec.restart, spec.attempt, final, self.exit_code)
+        if why is not None:
+            why, gpus = self.gpus_for_restart(why, final)
+        self.notifier.flush(FLUSH_S)
         if why is not None:
             write_atomic(os.path.join(self.run_dir, "restart.json"), json.dumps(
                 {"attempt": spec.attempt + 1, "why": why, "verdict": final.health.verdict.value,
-                 "exit_code": self.exit_code}).encode())
+                 "exit_code": self.exit_code, **({"gpus": gpus} if gpus is not None else {})}).encode())
         self.notifier.close()
         self.gpu_reader.close()
         return 0
@@ -193,4 +231,16 @@ def main(argv: list[str]) -> int:
     launch = read_json(os.path.join(run_dir, "launch.json")) or {}
     spec = SentinelSpec.from_record(launch.get("sentinel") or {"host": "?"})
     run_id = os.environ.get(MARKER) or os.path.basename(os.path.abspath(run_dir))
-    return Sentinel(run_dir, run_id, spec).run()
+    gpu_health = launch.get("gpu_health")
+    return Sentinel(run_dir, run_id, spec, gpu_health if isinstance(gpu_health, dict) else None).run()
+
+
+def hang_reason(view: StatusView) -> str | None:
+    """Why the run's evidence should be captured now: a stall (with its GPU shape where seen), or a collective that
+    timed out (the ranks are about to be torn down); None otherwise."""
+    if any(h.signature.id == "nccl-timeout" for h in view.health.hits):
+        return "collective timeout"
+    if view.health.verdict == Verdict.STALLED:
+        shape = view.health.stall_shape
+        return f"stalled: {shape}" if shape else "stalled"
+    return None

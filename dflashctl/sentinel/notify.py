@@ -75,6 +75,8 @@ def _what(event: Event, batch: Sequence[Event]) -> str:
         if ended_badly(event):
             return f"ended {event.verdict or 'badly'}" + (f" (exit {code})" if code is not None else "")
         return "finished" if event.verdict in ("finished", "") else f"ended ({event.verdict})"
+    if kind == "restart" and d.get("error"):  # refused: too few healthy GPUs (gpurecheck.py)
+        return f"attempt {d.get('attempt', '?')} not started: {d['error']}"
     if kind == "restart":
         return f"restarting as attempt {d.get('attempt', '?')}" + (f" ({d['next_run']})" if d.get("next_run") else "")
     if kind == "verdict":

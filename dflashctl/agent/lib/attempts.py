@@ -46,13 +46,15 @@ def next_spec(prev_dir: str, prev_id: str, decision: dict) -> dict | None:
     if not exec_mode:  # the trainer reads the config it was started with, not today's file
         spec["config_text"], spec["config_path"] = None, os.path.join(prev_dir, "config.toml")
     spec.update(extra=extra, resume_from=resume, base_id=f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-"
-                f"{spec.get('slug') or 'run'}", env={**(spec.get("env") or {}), RESUME_VAR: prev_dir})
+                f"{spec.get('slug') or 'run'}", env=_attempt_env(spec.get("env") or {}, decision.get("gpus"), prev_dir))
     with contextlib.suppress(OSError), open(os.path.join(prev_dir, "sentinel.pyz"), "rb") as f:
         spec["sentinel_zip_b64"] = base64.b64encode(f.read()).decode()  # the same engine watches every attempt
     sentinel = dict(spec.get("sentinel") or {})
     sentinel["attempt"] = attempt
     restart = sentinel.get("restart") or {}
     spec["sentinel"] = sentinel
+    if isinstance(decision.get("gpus"), dict):  # the sentinel's re-check (sentinel/gpurecheck.py)
+        spec["meta"] = dict(spec.get("meta") or {}, gpus_left_out=decision["gpus"].get("left_out") or {})
     spec["meta"] = dict(spec.get("meta") or {}, attempt=attempt, restart_of=prev_id, restart_why=decision.get("why"),
                         chain={"first": chain.get("first") or prev_id, "previous": prev_id, "attempt": attempt,
                                "attempts_max": 1 + int(restart.get("max_restarts") or 0)})
@@ -60,6 +62,20 @@ def next_spec(prev_dir: str, prev_id: str, decision: dict) -> dict | None:
                     "gpu_free_mib": float(restart.get("gpu_free_mib") or 512),
                     "gpu_wait_s": float(restart.get("gpu_wait_s") or 600), "gpus": _run_gpus(spec)}
     return spec
+
+
+def _attempt_env(env: dict, gpus: object, prev_dir: str) -> dict:
+    """The next attempt's variables: the launch's, where the previous attempt is, and with --exclude-unhealthy-gpus
+    the GPUs the sentinel found healthy just now (its `visible`; None: the user's own CUDA_VISIBLE_DEVICES, or
+    none, as before anything was left out)."""
+    out = {**env, RESUME_VAR: prev_dir}
+    if isinstance(gpus, dict):
+        visible = gpus.get("visible")
+        if visible is None:
+            out.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            out["CUDA_VISIBLE_DEVICES"] = str(visible)
+    return out
 
 
 def _run_gpus(spec: dict) -> list | None:
@@ -129,12 +145,16 @@ def _wait_gone(wait: dict, say, started: float, deadline: float, limit: float,  
 
 
 def restart_event(prev_dir: str, prev_id: str, next_id: str | None, attempt: int, why: str, error: str | None,
-                  verdict: str | None = None) -> None:
-    """The `restart` event in the previous attempt's events.jsonl (sentinel/events.py's record)."""
+                  verdict: str | None = None, gpus: dict | None = None) -> None:
+    """The `restart` event in the previous attempt's events.jsonl (sentinel/events.py's record); gpus: the
+    sentinel's GPU re-check, whose left-out GPUs the message names."""
     msg = (f"attempt {attempt} starts as run {next_id}: {why}" if next_id else
            f"attempt {attempt} could not start: {error}")
+    if next_id and gpus and gpus.get("left_out"):
+        msg += f"; left out {gpus.get('why')}; the attempt gets CUDA_VISIBLE_DEVICES={gpus.get('visible')}"
     rec = {"t": time.time(), "kind": "restart", "run": prev_id, "verdict": verdict or "", "message": msg,
-           "attempt": attempt, "next_run": next_id, "why": why, "error": error, "at": now_iso()}
+           "attempt": attempt, "next_run": next_id, "why": why, "error": error, "at": now_iso(),
+           **({"gpus": gpus} if gpus else {})}
     with contextlib.suppress(OSError):
         fd = os.open(os.path.join(prev_dir, "events.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
@@ -161,5 +181,6 @@ def relaunch(run_dir: str, start) -> None:  # noqa: ANN001 - the launcher's star
     with open(os.path.join(run_dir, "launcher.py")) as f:
         source = f.read()
     doc = start(spec, source, wait_pid=False)
+    gpus = decision.get("gpus") if isinstance(decision.get("gpus"), dict) else None
     restart_event(run_dir, run_id, doc.get("run_id"), attempt, why, doc.get("message") if "error" in doc else None,
-                  decision.get("verdict"))
+                  decision.get("verdict"), gpus)

@@ -1,0 +1,84 @@
+"""`launch --exclude-unhealthy-gpus`: the launch's GPU health pre-flight (one host, and each node of a run across
+hosts before any node starts). The rule is analysis/gpuexclude.py's, the one every restart applies too: this module
+only gathers what it needs (the probe's GPU readings and kernel-log Xid lines, what the run would use) and records
+what a restart needs to apply it again (the launch spec's `gpu_health`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflashctl.analysis.gpuexclude import Exclusion, candidate_gpus, decide, gpus_needed, report_findings
+from dflashctl.errors import DflashError, ExitCode
+from dflashctl.model import Host
+from dflashctl.remote import probe
+from dflashctl.remote.target import Target
+from dflashctl.report import ProbeReport
+
+HINT_RESET = "reset or replace them (dflashctl status shows each finding's remedy)"
+HINT_CONFIGURED = ("leave them out of gpus_target/gpus_drafters in hosts.toml, or reset them (dflashctl status shows "
+                   "each finding's remedy)")
+
+
+class GpusRefused(DflashError):
+    """Too few healthy GPUs for the run (exit 2: the user's choice of host or GPUs, nothing was started)."""
+
+    exit_code = ExitCode.USAGE
+
+
+@dataclass
+class GpuPlan:
+    """What the pre-flight decided: the variables for the program, the notes for the user, the spec's record."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    record: dict[str, Any] = field(default_factory=dict)  # launch spec `gpu_health` (agent/lib/gpurecheck.py)
+    exclusion: Exclusion | None = None
+
+
+def configured_gpus(host: Host) -> tuple[int, ...]:
+    return tuple(sorted(set(host.gpus_target) | set(host.gpus_drafters)))
+
+
+def program_words(command: Sequence[str] | None, shell: str | None, runner: Sequence[str]) -> list[str]:
+    """The words that say how many ranks the program starts (torchrun's --nproc-per-node): the command, the shell
+    line split on blanks, or the trainer's runner."""
+    if command is not None:
+        return [str(a) for a in command]
+    if shell is not None:
+        return shell.split()
+    return [str(a) for a in runner]
+
+
+def plan(doc: ProbeReport, host: Host, env: dict[str, str], words: Sequence[str], *, trainer: bool) -> GpuPlan:
+    """The GPUs the run would use (the host's configured ones, else CUDA_VISIBLE_DEVICES, else every GPU seen) less
+    the unhealthy; GpusRefused (one line, which GPUs and why) when the run cannot do without them."""
+    configured = configured_gpus(host)
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    pool = candidate_gpus(doc, configured, visible)
+    need = gpus_needed(words)
+    fixed = trainer and bool(configured)
+    ex = decide(pool, report_findings(doc), need=need, fixed=fixed)
+    if ex.refused is not None:
+        raise GpusRefused(ex.refused, hint=HINT_CONFIGURED if fixed else HINT_RESET)
+    record = {"pool": list(pool), "need": need, "fixed": fixed, "visible": visible}
+    out = GpuPlan(record=record, exclusion=ex)
+    if ex.left_out:
+        out.env["CUDA_VISIBLE_DEVICES"] = ex.visible()
+        out.notes.append(f"left out {ex.why()}; the program gets CUDA_VISIBLE_DEVICES={ex.visible()}")
+    return out
+
+
+def node_refusals(targets: Sequence[Target], env: dict[str, str], words_of: Callable[[int], Sequence[str]]) -> \
+        list[str]:
+    """A run across hosts: every node's own GPUs judged before any node starts (each leaves out its own unhealthy
+    GPUs at its launch, the same rule); `node I (HOST): why` for each node that could not start."""
+    out = []
+    for i, t in enumerate(targets):
+        doc = probe.probe_once(t, t.host.workspace, None, gpus=True, log_max=0, xid=True)
+        try:
+            plan(doc, t.host, env, words_of(i), trainer=True)
+        except GpusRefused as e:
+            out.append(f"node {i} ({t.host.name}): {e.message}")
+    return out

@@ -1,0 +1,119 @@
+"""A restart re-checks the GPUs (`launch --exclude-unhealthy-gpus`, issue 28 part 3), on the local host with the
+nvidia-smi and dmesg stand-ins (the only stand-ins: the launch, supervisor, sentinel and program are real processes).
+
+A GPU that turns unhealthy while an attempt runs (a pending row remap, then an Xid 79 in the kernel log) is left out
+of the next attempt, which gets the healthy ones as CUDA_VISIBLE_DEVICES, and the restart event says which and why;
+when fewer healthy GPUs remain than torchrun's ranks need, no attempt starts and an event says which GPUs and why.
+Each attempt is steered by a file in its run directory (`crash`), never by a timer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from lifecycle.conftest import _no_run_outlives_its_test  # noqa: F401 - autouse: no run outlives its test
+
+from .conftest import cue, of_kind, run_dirs, wait_exit_code, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+VISIBLE = r'''
+import os, sys, time
+ctl = os.environ["DFLASH_RUN_DIR"]
+if os.environ.get("RANK", "0") == "0":
+    print("visible=" + os.environ.get("CUDA_VISIBLE_DEVICES", "-"), flush=True)
+    print("step 1 loss 1.0", flush=True)
+while not os.path.exists(os.path.join(ctl, "crash")):
+    time.sleep(0.05)
+sys.exit(1)
+'''
+REMAP = {"remapped_rows.pending": "Yes"}
+ECC = {"ecc.errors.uncorrected.volatile.total": 2}
+# GPU 2's PCI address in the nvidia-smi stand-in (00000000:1A:00.0), as the driver writes it in the kernel log
+XID_79_GPU2 = "2026-12-03T10:00:00,000000+00:00 NVRM: Xid (PCI:0000:1a:00): 79, pid=4242, name=python3, " \
+              "GPU has fallen off the bus."
+
+
+def _deploy(cli, tmp_path: Path) -> Path:  # noqa: ANN001
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "visible.py").write_text(VISIBLE)
+    return src
+
+
+def _attempts(workspace: Path) -> list[Path]:
+    return [workspace / "runs" / n for n in run_dirs(workspace)]
+
+
+def _log(rd: Path) -> str:
+    try:
+        return (rd / "train.log").read_text()
+    except FileNotFoundError:  # its directory is being made
+        return ""
+
+
+def test_a_gpu_that_turns_unhealthy_between_attempts_is_left_out_of_the_next(local_host, cli, tmp_path,
+                                                                             monkeypatch) -> None:  # noqa: ANN001
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    monkeypatch.setenv("DFLASH_FAKE_KMSG", str(kmsg))
+    local_host.set_gpus([{"memory.used": 3}, {"memory.used": 3}, {"memory.used": 3}])
+    src = _deploy(cli, tmp_path)
+    res = cli("launch", "--source", str(src), "--json", "--name", "gpus", "--exclude-unhealthy-gpus",
+              "--restart-on", "crashed", "--max-restarts", "2", "--backoff", "0.1s", "--exec", "--", "python3",
+              "visible.py")
+    assert res.code == 0, res.err
+    ws = local_host.workspace_dir
+    first = Path(res.json()["run_dir"])
+    wait_until(lambda: "visible=" in _log(first), what="attempt 1's first line")
+    assert "visible=-" in _log(first)  # every GPU healthy: nothing left out, nothing set
+
+    local_host.set_gpus([{"memory.used": 3}, {"memory.used": 3, **REMAP}, {"memory.used": 3}])
+    cue(first, "crash")
+    second = wait_until(lambda: len(_attempts(ws)) >= 2 and _attempts(ws)[1], timeout=120, what="attempt 2")
+    wait_until(lambda: "visible=" in _log(second), timeout=120, what="attempt 2's first line")
+    assert "visible=0,2" in _log(second)
+    gpus = json.loads((first / "restart.json").read_text())["gpus"]
+    assert gpus["keep"] == [0, 2] and list(gpus["left_out"]) == ["1"] and gpus["visible"] == "0,2"
+    (restart,) = of_kind(first, "restart")
+    assert restart["next_run"] == second.name
+    assert "left out GPU 1 (row-remap-pending: remapped_rows.pending=yes" in restart["message"]
+    assert restart["message"].endswith("the attempt gets CUDA_VISIBLE_DEVICES=0,2")
+    assert json.loads((second / "meta.json").read_text())["gpus_left_out"] == {"1": gpus["left_out"]["1"]}
+
+    kmsg.write_text(XID_79_GPU2 + "\n")  # GPU 2 falls off the bus while attempt 2 runs
+    cue(second, "crash")
+    third = wait_until(lambda: len(_attempts(ws)) >= 3 and _attempts(ws)[2], timeout=120, what="attempt 3")
+    wait_until(lambda: "visible=" in _log(third), timeout=120, what="attempt 3's first line")
+    assert "visible=0" in _log(third) and "visible=0," not in _log(third)
+    (restart,) = of_kind(second, "restart")
+    assert "GPU 1 (row-remap-pending" in restart["message"] and "GPU 2 (xid-79" in restart["message"]
+    cue(third, "crash")
+    wait_exit_code(third)
+
+
+def test_no_attempt_starts_when_fewer_healthy_gpus_remain_than_the_ranks_need(local_host, cli, tmp_path) -> None:  # noqa: ANN001
+    local_host.set_gpus([{"memory.used": 3}, {"memory.used": 3}, {"memory.used": 3}])
+    src = _deploy(cli, tmp_path)
+    res = cli("launch", "--source", str(src), "--json", "--name", "ranks", "--exclude-unhealthy-gpus",
+              "--restart-on", "crashed", "--backoff", "0.1s", "--env", "OMP_NUM_THREADS=1", "--exec", "--",
+              "python3", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "visible.py")
+    assert res.code == 0, res.err
+    first = Path(res.json()["run_dir"])
+    wait_until(lambda: "visible=" in _log(first), timeout=120, what="rank 0's first line")
+
+    local_host.set_gpus([{"memory.used": 3}, {"memory.used": 3, **REMAP}, {"memory.used": 3, **ECC}])
+    cue(first, "crash")
+    wait_exit_code(first, timeout=120)
+    refused = wait_until(lambda: of_kind(first, "restart"), timeout=60, what="the refused restart's event")[0]
+    assert refused["next_run"] is None and refused["attempt"] == 2
+    assert refused["message"].startswith("attempt 2 not started: 1 healthy GPU(s) remain (0), the run needs 2: "
+                                         "left out GPU 1 (row-remap-pending"), refused["message"]
+    assert "GPU 2 (ecc-uncorrected: ecc.errors.uncorrected.volatile.total=2)" in refused["message"]
+    assert not (first / "restart.json").exists()
+    assert [p.name for p in _attempts(local_host.workspace_dir)] == [first.name]
+    status = cli("status", first.name, "--json", "--events")
+    assert status.code == 100, status.err  # crashed, no restart pending
+    assert any(e.get("kind") == "restart" and "not started" in e.get("message", "")
+               for e in status.json()["events"]), status.out[-2000:]
