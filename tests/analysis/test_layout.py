@@ -108,3 +108,11 @@ def test_a_broken_rank_heartbeat_is_left_out_and_the_others_stay(tmp_path: Path)
     lay = _status(tmp_path)["layout"]
     assert [r["rank"] for r in lay["ranks"]] == [0]
     assert lay["summary"] == "processes: 8 ranks (1 on this host), rank r on GPU r (target + drafter)"
+
+
+def test_a_threaded_run_across_hosts_names_this_hosts_rank_and_its_devices(tmp_path: Path) -> None:
+    write_heartbeats(_run_dir(tmp_path), "seed-8gpu-threads.toml", world=2, ranks=range(1))
+    lay = _status(tmp_path)["layout"]
+    assert lay["summary"] == ("threads: 2 ranks (1 on this host); rank 0: target on GPU 0-4 (sharded), "
+                              "3 drafters on GPU 5-7")
+    assert lay["gpus"][5] == {"gpu": 5, "holds": "rank 0: drafter-0"}
