@@ -162,16 +162,35 @@ def test_status_says_which_rank_is_behind_from_dumps_judged_in_the_container(dum
 
 
 def test_the_newest_set_of_dumps_is_read_and_files_that_are_not_dumps_are_named(dumps: Path, tmp_path: Path) -> None:
+    """An older live dump of rank 0 alone, and the set the sentinel saved with the stacks at a later stall
+    (agent/lib/captures.py: `<run>/captures/<attempt>-<stamp>/flightrec/`): the saved set is the newest."""
     run = _workspace_run(tmp_path)
-    _put(run, dumps, ranks=(0,), mtime=1_000_000.0)  # an older dump of rank 0 alone
-    _put(run, dumps, "stall-2", mtime=2_000_000.0)  # the sentinel's set of a later stall
-    (run / flightrec.DUMP_DIR / "stall-2" / "nccl_trace_rank_2").write_bytes(b"torn\n")
-    (run / flightrec.DUMP_DIR / "stall-2" / "README").write_bytes(b"x")
+    _put(run, dumps, ranks=(0,), mtime=1_000_000.0)
+    (run / flightrec.DUMP_DIR / "README").write_bytes(b"x")  # not named as the recorder names its dumps: not read
+    saved = Path("..") / "captures" / "1-20261203T140000Z" / flightrec.DUMP_DIR
+    _put(run, dumps, str(saved), mtime=2_000_000.0)
+    (run / flightrec.DUMP_DIR / saved / "nccl_trace_rank_2").write_bytes(b"torn\n")
+    (run / flightrec.DUMP_DIR / saved / "nccl_trace_rank_x").write_bytes(b"x")
     fr = _probe_doc(tmp_path)["flight_recorder"]
-    assert fr["dir"].endswith("flightrec/stall-2") and fr["ranks"] == [0, 1]
+    assert fr["dir"] == str(run / "captures" / "1-20261203T140000Z" / "flightrec") and fr["ranks"] == [0, 1]
     assert [b["behind"] for b in fr["behind"]] == [[1]]
     assert fr["skipped"] == [{"name": "nccl_trace_rank_2", "why": "neither a pickle nor JSON"},
-                             {"name": "README", "why": "no rank at the end of its name"}]
+                             {"name": "nccl_trace_rank_x", "why": "no rank at the end of its name"}]
+
+
+def test_dumps_where_the_users_own_recorder_variable_sends_them_are_read(dumps: Path, tmp_path: Path) -> None:
+    import json
+
+    run = _workspace_run(tmp_path)
+    elsewhere = tmp_path / "mine"
+    elsewhere.mkdir()
+    (run / "launch.json").write_text(json.dumps({"env": {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{elsewhere}/fr_"}}))
+    for r in (0, 1):
+        (elsewhere / f"fr_{r}").write_bytes((dumps / f"fr_trace_rank_{r}").read_bytes())
+    (elsewhere / "other_0").write_bytes(b"not ours")
+    fr = _probe_doc(tmp_path)["flight_recorder"]
+    assert (fr["dir"], fr["ranks"], fr["skipped_count"]) == (str(elsewhere), [0, 1], 0)
+    assert [b["behind"] for b in fr["behind"]] == [[1]]
 
 
 def test_dumps_beyond_the_bounds_are_left_out_saying_so(dumps: Path, tmp_path: Path,

@@ -1,17 +1,20 @@
 """The run's flight recorder dumps, judged where they lie (stdlib only): `status` says which rank is behind and in
 which collective without copying megabytes of dumps over ssh.
 
-Dumps are torch's own files, `<run>/flightrec/<prefix><rank>` (agent/lib/flightrec_env.py), or a set saved together
-in a folder below it; the newest set is read (the folder whose newest file is the newest). Only the verdict travels:
-the dumps read, those left out and why, and per process group who is behind (agent/lib/flightrec.py, the parser
-`diagnose` runs too). Bounded: at most FR_FILES_MAX files of at most FR_FILE_MAX bytes each; a --watch parses a file
-again only when its size or mtime changed.
+Two places hold dumps: where the program's recorder writes them (`<TORCH_FR_DUMP_TEMP_FILE><rank>`, by default
+`<run>/flightrec/nccl_trace_rank_<rank>`: agent/lib/captures.py `dump_prefix`, the one rule), and the copies the
+sentinel saved with every rank's stacks when the run stalled (`<run>/captures/<attempt>-<stamp>/flightrec/`). The
+newest set is read (the one whose newest file is the newest). Only the verdict travels: the dumps read, those left
+out and why, and per process group who is behind (agent/lib/flightrec.py, the parser `diagnose` runs too).
+Bounded: at most FR_FILES_MAX files of at most FR_FILE_MAX bytes each; a --watch parses a file again only when its
+size or mtime changed.
 """
 
 from __future__ import annotations
 
 import os
 
+from dflashctl.agent.lib.captures import CAPTURES_DIR, dump_prefix
 from dflashctl.agent.lib.flightrec import DumpError, dump_rank, find_behind, parse_dump
 from dflashctl.agent.lib.flightrec_env import DUMP_DIR
 
@@ -21,26 +24,29 @@ FR_SKIPPED_MAX = 8  # left-out files named in the reply
 _FR_SEEN: dict = {}  # path -> (size, mtime_ns, RankTrace | why it was left out): a --watch's parsed dumps
 
 
-def _dump_sets(top: str) -> dict:
-    """folder -> [(name, path, stat)] of the regular files in `top` and in the folders right below it."""
-    sets: dict = {}
-    for folder in (top, *_subfolders(top)):
-        try:
-            with os.scandir(folder) as it:
-                for e in it:
-                    if e.is_file(follow_symlinks=False) and not e.name.startswith("."):
-                        sets.setdefault(folder, []).append((e.name, e.path, e.stat(follow_symlinks=False)))
-        except OSError:
-            continue
-    return sets
-
-
-def _subfolders(top: str) -> list:
+def _fr_files(folder: str, start: str = "") -> list:
+    """[(name, path, stat)] of the regular files in folder whose names start with `start`."""
     try:
-        with os.scandir(top) as it:
-            return sorted(e.path for e in it if e.is_dir(follow_symlinks=False))
+        with os.scandir(folder) as it:
+            return [(e.name, e.path, e.stat(follow_symlinks=False)) for e in it
+                    if e.name.startswith(start) and not e.name.startswith(".") and e.is_file(follow_symlinks=False)]
     except OSError:
         return []
+
+
+def _dump_sets(run_dir: str) -> dict:
+    """folder -> its dump files: where the recorder writes, and each capture's copies."""
+    prefix = dump_prefix(run_dir)
+    sets = {os.path.dirname(prefix) or ".": _fr_files(os.path.dirname(prefix) or ".", os.path.basename(prefix))}
+    captures = os.path.join(run_dir, CAPTURES_DIR)
+    try:
+        names = sorted(os.listdir(captures))
+    except OSError:
+        names = []
+    for name in names:
+        folder = os.path.join(captures, name, DUMP_DIR)
+        sets[folder] = _fr_files(folder)
+    return {k: v for k, v in sets.items() if v}
 
 
 def _trace(path: str, st: os.stat_result, rank: int):  # noqa: ANN202 - RankTrace | str
@@ -61,8 +67,8 @@ def _trace(path: str, st: os.stat_result, rank: int):  # noqa: ANN202 - RankTrac
 
 
 def flight_dumps(run_dir: str) -> dict | None:
-    """The newest set of dumps under the run's flightrec/, judged; None when there are none."""
-    sets = _dump_sets(os.path.join(run_dir, DUMP_DIR))
+    """The newest set of the run's dumps, judged; None when there are none."""
+    sets = _dump_sets(run_dir)
     if not sets:
         return None
     folder, files = max(sets.items(), key=lambda kv: max(st.st_mtime for _, _, st in kv[1]))
