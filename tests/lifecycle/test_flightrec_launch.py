@@ -2,7 +2,7 @@
 TORCH_FR_BUFFER_SIZE / TORCH_NCCL_DUMP_ON_TIMEOUT / TORCH_FR_DUMP_TEMP_FILE (dumps under the run directory) unless the
 user set them; a 2-rank gloo job hangs because rank 1 leaves out a collective, each rank writes torch's own dump
 where the variable says (gloo's recorder does not dump on a timeout by itself: the program asks torch for it), and
-`diagnose <run dir>` names rank 1 as behind and all_reduce as where rank 0 waits."""
+`diagnose <run dir>` and `status` name rank 1 as behind and all_reduce as where rank 0 waits."""
 
 from __future__ import annotations
 
@@ -74,6 +74,11 @@ def test_a_torchrun_launch_has_the_recorder_on_and_diagnose_names_the_rank_behin
     assert [(x["behind"], x["waiting"], x["collective"], x["seq"]) for x in fr] == [([1], [0], "all_reduce", 5)]
     text = cli("diagnose", str(rd)).out
     assert "flight recorder: rank 1 behind: never entered all_reduce #5" in text
+    status = cli("status", "--json", doc["run_id"]).json()  # the same verdict, judged in the container
+    assert [(x["behind"], x["waiting"], x["collective"], x["seq"]) for x in status["flight_recorder"]["behind"]] == \
+        [([1], [0], "all_reduce", 5)]
+    assert cli("status", doc["run_id"]).out.splitlines()[1].startswith(
+        "flight recorder: rank 1 behind: never entered all_reduce #5")
 
 
 def test_the_users_own_recorder_settings_are_kept(local_host, cli, tmp_path):
