@@ -90,7 +90,8 @@ def test_spinning_gpus_and_no_new_step_are_the_spinning_stall_and_its_stacks_are
         capsys.readouterr()
         main(["status", "--json"])
         doc = json.loads(capsys.readouterr().out)
-        return doc if doc.get("stacks") and doc["stall_shape"] == "spinning" else None
+        shaped = any(e["kind"] == "stalled" and e.get("stall_shape") == "spinning" for e in doc.get("events") or ())
+        return doc if doc.get("stacks") and doc["stall_shape"] == "spinning" and shaped else None
 
     doc = wait_until(captured, timeout=180, what="the spinning stall's stack capture", every=1.0)
     assert doc["verdict"] == "stalled" and {g["finding"] for g in doc["gpus"]} == {"spinning"}
