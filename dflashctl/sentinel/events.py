@@ -13,14 +13,19 @@ that moment, "message": one line for a person, …kind's own fields}. Kind field
   stalled         {"reasons", "seconds_since_progress", "stall_shape": "idle-held" | "spinning" | None,
                    "stall_remedy"}                              each time the verdict becomes stalled, and again
                                                                when the GPUs show its shape
-  stacks          {"path", "reason", "dumped", "processes": [{"pid", "role", "method", "threads", "error"}]}
-                                                               once per stall (its shape): what every thread does
+  stacks          {"path", "reason", "dumped", "processes": [{"pid", "role", "method", "threads", "error"}],
+                   "capture_dir", "capture": {"dir", "stacks": [{"pid", "rank", "file", …}], "dumps", …}}
+                                                               once per stall, and once on a collective timeout:
+                                                               what every thread does, kept with the flight
+                                                               recorder's dumps (agent/lib/captures.py)
   idle-gpus       {"gpus": [index], "reasons"}                 each episode of GPUs holding memory at ≈0 %
   signature       {"signature": {"id", "summary", "remedy"}, "line", "text"}   once per id, unless a
                                                                worker-crashed event carried it
   policy          {"action": "stop", "reason": "stalled" | "idle" | "worker-failure", "detail"}
   ended           {"exit_code" | None (nothing recorded one: lost), "reasons"}   once, last
-  restart         {"attempt", "next_run", "why"}   (in the earlier attempt's file)
+  restart         {"attempt", "next_run", "why", "error", "gpus"}   (in the earlier attempt's file; next_run None
+                   and error set: no attempt started — with --exclude-unhealthy-gpus, too few healthy GPUs: the
+                   sentinel writes that one; gpus: sentinel/gpurecheck.py's record)
   notify-failed   {"target", "error", "attempts", "kinds"}
 
 `EventTracker` turns the StatusViews of one run (analysis/watcher.py, the engine `status` uses) into the events

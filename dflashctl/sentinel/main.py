@@ -9,7 +9,9 @@ Its life is the run's: the supervisor holds its stdin. When the program has exit
 supervisor writes the exit code there and waits (at most END_WAIT_S) for the sentinel's last events, its last
 notifications and its restart decision (`restart.json`) before it records `exit_code`. EOF without a code (the
 supervisor was killed) ends it too. It never touches a GPU beyond reading NVML / nvidia-smi, and writes only
-events.jsonl, sentinel.log (its stdout/stderr), restart.json and, when it stops the run, the `stopped` marker.
+events.jsonl, sentinel.log (its stdout/stderr), restart.json, stacks/ and captures/ (a stall's evidence) and, when it
+stops the run, the `stopped` marker. With --exclude-unhealthy-gpus it reads the GPUs again before it asks for a
+restart (gpurecheck.py): the next attempt gets the healthy ones, or none starts.
 """
 
 from __future__ import annotations
