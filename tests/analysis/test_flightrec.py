@@ -223,7 +223,7 @@ def test_a_watch_reads_a_dump_again_once_it_changed(dumps: Path, tmp_path: Path)
 
 
 def test_a_dump_with_values_of_the_wrong_kind_is_one_dump_error() -> None:
-    bad = pickle.dumps({"pg_status": {"0": {}}, "entries": [{"input_sizes": [["x"]], "collective_seq_id": 1}]})
+    bad = pickle.dumps({"pg_status": {"0": {}}, "entries": 5})
     with pytest.raises(flightrec.DumpError, match="wrong kind"):
         flightrec.parse(bad, 0)
     with pytest.raises(flightrec.DumpError, match="wrong kind"):
