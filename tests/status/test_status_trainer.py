@@ -54,6 +54,7 @@ def test_watch_names_the_trainers_crashed_drafter(local_host, capsys, policy: st
         assert crashed[0]["message"] == "DFLASH_FAULT: injected fault in drafter-1 at step 3"
         assert "Traceback (most recent call last):" in crashed[0]["traceback"]
         assert last["final_exception"] == "RuntimeError"
+        assert last["layout"]["summary"] == "threads: target + 3 drafters on cpu"  # its heartbeat's layout
         if policy == "continue":  # the other threads go on, as the heartbeat says
             assert {t["name"] for t in last["threads"]} >= {"drafter-0", "drafter-1"}
     finally:
@@ -82,3 +83,39 @@ def test_the_trainers_periodic_eval_line_is_read_as_an_evaluation_beside_its_tra
     evaluated = report.last_eval
     assert evaluated is not None and evaluated.values["step"] == 6 and evaluated.values["acc_len"] >= 1.0
     assert "tokens_per_forward" in evaluated.values
+
+
+@pytest.mark.slow
+def test_status_shows_every_ranks_layout_of_the_real_trainer_under_torchrun(local_host, capsys) -> None:  # noqa: ANN001
+    """The process layout on the CPU (2 ranks, gloo): rank 0's heartbeat in the run directory, rank 1's in rank-1/,
+    both read by the real probe and shown as one layout."""
+    from harness.poll import wait_until
+    from harness.sshd import free_port
+
+    run_id = "20261203-150000-procs"
+    run = new_run_dir(local_host.workspace_dir, run_id)
+    launcher = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--master-addr",
+                "127.0.0.1", "--master-port", str(free_port())]
+    with (run / "train.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, *launcher, "-m", "trainer", "--config", "trainer/configs/tiny-cpu.toml", "--run-dir",
+             str(run), *FAST, "--set", 'devices.drafters=["cpu"]', "--set", "runtime.layout=processes",
+             "--set", "train.steps=100000", "--set", "train.checkpoint_interval=0"],
+            cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "DFLASH_RUN_ID": run_id, "DFLASH_RUN_DIR": str(run), "OMP_NUM_THREADS": "1"})
+    (run / "pid").write_text(f"{proc.pid}\n")
+    try:
+        beats = [run / "heartbeat.json", run / "rank-1" / "heartbeat.json"]
+        wait_until(lambda: all(b.exists() and b"layout" in b.read_bytes() for b in beats), timeout=240,
+                   what="both ranks' heartbeats")
+        capsys.readouterr()
+        main(["status", "--json"])
+        lay = json.loads(capsys.readouterr().out)["layout"]
+        assert lay["summary"] == "processes: 2 ranks, each on cpu (target + drafter)"
+        assert [(r["rank"], r["devices"]) for r in lay["ranks"]] == [
+            (r, [{"device": "cpu", "gpu": None, "holds": ["target", f"drafter-{r}"]}]) for r in (0, 1)]
+        assert lay["gpus"] == []  # the CPU holds no GPU row
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
