@@ -235,3 +235,28 @@ def test_the_line_says_which_ranks_wait_in_the_right_number() -> None:
     assert b.line() == ("rank 1 behind: never entered all_reduce #5 of process group default_pg, where ranks 0, 2, 3 "
                         "wait (rank 1 recorded none)")
     assert flightrec.behind_from_doc(b.to_doc()) == b
+
+
+def test_the_recorders_verdict_follows_the_cause_when_the_log_names_one(dumps: Path, tmp_path: Path) -> None:
+    """Issue 28 part 4: the cause first (the signature, its remedy), then who is behind where, then the rest."""
+    from rich.console import Console
+
+    from dflashctl.analysis.watcher import Watcher
+    from dflashctl.cli.statusview import render_view
+    from dflashctl.report import parse_report
+
+    run = _workspace_run(tmp_path)
+    (run / "train.log").write_text(
+        "step=4 loss=2.0\n[rank0]:[E1203 14:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=600000) "
+        "ran for 600011 milliseconds before timing out.\n")
+    (run / "exit_code").write_text("1\n")
+    _put(run, dumps)
+    view = Watcher("h").update(parse_report(_probe_doc(tmp_path)))
+    console = Console(width=300, record=True)
+    console.print(render_view(view))
+    lines = console.export_text().splitlines()
+    cause = next(i for i, ln in enumerate(lines) if ln.startswith("cause: nccl-timeout"))
+    flight = next(i for i, ln in enumerate(lines) if ln.startswith("flight recorder: rank 1 behind"))
+    why = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("why:"))
+    assert cause == 1 and cause < flight < why, lines
