@@ -48,7 +48,8 @@ class AllReduce:
     """Mean of one flat tensor per drafter thread, every step.
 
     The last thread to arrive sums the slots in rank order and divides once; everyone copies that one result,
-    so every replica applies bit-identical gradients (and sees the same metrics and stop flag). A thread that
+    so every replica applies bit-identical gradients (and sees the same metrics and stop flag: the threads' host
+    flags OR-ed by that last thread, so agreeing on a stop needs no device value). A thread that
     leaves (finished or crashed) is dropped from the group so the others never wait for it. On CUDA each slot
     and the result carry the event of the stream that wrote them (trainer/streams.py)."""
 
@@ -59,6 +60,8 @@ class AllReduce:
         self.cond = threading.Condition()
         self.active = set(ranks)
         self.slots: dict[int, tuple[Tensor, torch.cuda.Event | None]] = {}
+        self.stops: dict[int, bool] = {}
+        self.stop = False
         self.generation = 0
         self.result: Tensor | None = None
         self.result_ready: torch.cuda.Event | None = None
@@ -75,24 +78,29 @@ class AllReduce:
         self.result = mean_of([self.slots[r][0] for r in ranks], self.cross)
         self.result_ready = mark(self.result)
         self.group = tuple(ranks)
+        self.stop = any(self.stops.get(r, False) for r in ranks)
         self.slots.clear()
+        self.stops.clear()
         self.generation += 1
         self.cond.notify_all()
 
-    def mean(self, rank: int, tensor: Tensor, abort: threading.Event) -> tuple[Tensor, tuple[int, ...]]:
-        """Returns the mean and the ranks that took part (the lowest one is this step's leader)."""
+    def mean(self, rank: int, tensor: Tensor, abort: threading.Event,
+             stop: bool = False) -> tuple[Tensor, tuple[int, ...], bool]:
+        """Returns the mean, the ranks that took part (the lowest one is this step's leader) and whether any of
+        them passed `stop` (this process's threads only: other processes' flags travel in the tensor)."""
         with self.cond:
             if self.broken:
                 raise Aborted()
             gen = self.generation
             self.slots[rank] = (tensor, mark(tensor))
+            self.stops[rank] = stop
             self._maybe_finish()
             while self.generation == gen:
                 if abort.is_set() or self.broken:
                     raise Aborted()
                 self.cond.wait(0.2)
             assert self.result is not None
-            return receive(self.result, self.result_ready, tensor.device), self.group
+            return receive(self.result, self.result_ready, tensor.device), self.group, self.stop
 
     def break_group(self) -> None:
         """A rank crashed and the run will abort: everyone waiting (or arriving) raises Aborted."""
@@ -104,4 +112,5 @@ class AllReduce:
         with self.cond:
             self.active.discard(rank)
             self.slots.pop(rank, None)
+            self.stops.pop(rank, None)
             self._maybe_finish()

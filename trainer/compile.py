@@ -41,15 +41,16 @@ def resolve_attention(attention: str, device: str) -> str:
 
 def drafter_forward(drafter: Drafter, block_ids: Tensor, block_pos: Tensor, hidden: Tensor, mask: Any,
                     labels: Tensor, weights: Tensor, use_flex: bool, label_mask: Tensor | None = None,
-                    loss_chunk: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+                    denom: Tensor | None = None, loss_chunk: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     """Drafter forward + DFlash loss. `loss_chunk` > 0: the chunked LM head + CE (trainer/loss.py
     chunked_dflash_loss, never the full logits); 0: the full logits and `dflash_loss`. `label_mask`: which labels
-    are real tokens (None = all)."""
+    are real tokens (None = all); `denom`: the loss's divisor (trainer/loss.py global_denominator; None = this
+    batch's own weight sum)."""
     if loss_chunk > 0:
         states = drafter_hidden(drafter, block_ids, block_pos, hidden, mask, use_flex)
-        return chunked_dflash_loss(states, drafter.lm_head_weight, labels, weights, label_mask, loss_chunk)
+        return chunked_dflash_loss(states, drafter.lm_head_weight, labels, weights, label_mask, loss_chunk, denom)
     logits = drafter(block_ids, block_pos, hidden, flex_attend if use_flex else sdpa_attend, mask)
-    return dflash_loss(logits, labels, weights, label_mask)
+    return dflash_loss(logits, labels, weights, label_mask, denom)
 
 
 def drafter_hidden(drafter: Drafter, block_ids: Tensor, block_pos: Tensor, hidden: Tensor, mask: Any,
@@ -112,9 +113,10 @@ def build_step_fn(rt: RuntimeConfig, device: str, threads_on_device: int = 1, lo
         hidden_fn = torch.compile(drafter_hidden, mode=compile_mode(rt, device, threads_on_device))
 
     def step(drafter: Drafter, block_ids: Tensor, block_pos: Tensor, hidden: Tensor, mask: Any, labels: Tensor,
-             weights: Tensor, use_flex: bool, label_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+             weights: Tensor, use_flex: bool, label_mask: Tensor | None = None,
+             denom: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         states = hidden_fn(drafter, block_ids, block_pos, hidden, mask, use_flex)
-        return chunked_dflash_loss(states, drafter.lm_head_weight, labels, weights, label_mask, loss_chunk)
+        return chunked_dflash_loss(states, drafter.lm_head_weight, labels, weights, label_mask, loss_chunk, denom)
 
     return step
 

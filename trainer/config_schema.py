@@ -112,6 +112,10 @@ class TrainConfig:
     seq_len: int = 128
     num_anchors: int = 4
     """Anchors (blocks) per sequence; fixed so every shape is static."""
+    block_buckets: int = 4
+    """Short responses trimmed (trainer/trim.py): a replica's batch builds num_anchors, /2, /4, ... blocks (this
+    many sizes, the smallest that holds every supervised block), each size compiled at warm-up; 1 = always
+    num_anchors."""
     lr: float = 3e-3
     min_lr: float = 3e-4
     warmup_steps: int = 10

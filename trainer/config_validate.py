@@ -82,8 +82,8 @@ def validate(cfg: Config, name: str) -> None:
     need(len(tr.betas) == 2 and all(isinstance(b, int | float) and 0 <= b < 1 for b in tr.betas), "train.betas",
          "must be [beta1, beta2], each in [0, 1)")
     need(tr.loss_chunk >= 0, "train.loss_chunk", "must be >= 0 (0 = unchunked)")
-    for key in ("target.micro_batches", "train.batch_size", "train.num_anchors", "train.log_interval",
-                "train.keep_checkpoints", "train.queue_depth"):
+    for key in ("target.micro_batches", "train.batch_size", "train.num_anchors", "train.block_buckets",
+                "train.log_interval", "train.keep_checkpoints", "train.queue_depth"):
         need(getattr(getattr(cfg, key.partition(".")[0]), key.partition(".")[2]) >= 1, key, "must be >= 1")
     room = tr.seq_len - da.prompt_len - 1  # Markov anchors: any response position with a next token
     need(da.kind != "markov" or room >= tr.num_anchors, "train.seq_len",

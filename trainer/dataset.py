@@ -139,6 +139,11 @@ class GeneratedData:
         """Samples in one epoch."""
         return len(self.rows)
 
+    def rooms(self) -> list[int]:
+        """Each sample's number of anchor positions (response positions with a next token): the blocks it can fill
+        (trainer/trim.py)."""
+        return [len(ids) - 1 - lo for ids, lo in self.rows]
+
     def batch(self, step: int, n_seqs: int) -> Batch:
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         ids = torch.full((n_seqs, self.seq_len), self.pad_id, dtype=torch.long)

@@ -6,6 +6,12 @@ not counted in acc, and the correct prefix behind acc_len stops there. Two ways 
 `dflash_loss` over full logits, and `chunked_dflash_loss` over the drafter's pre-LM-head hidden states, which
 computes the logits a chunk of rows at a time in forward and again in backward, so the [rows, vocab] logits
 never exist whole (512 blocks x 16 x 151,936 fp32 logits are 5 GB per sequence).
+
+Normalisation (SpecForge's global token count): a step's loss is sum(w * CE) over every label of every replica,
+divided by the sum of w over them all — not a mean of per-replica means, which would weigh a token of a replica with
+few real labels more than one of a replica with many. Each replica divides its own sum by `denom` = the global
+weight sum / the number of replicas whose gradients are averaged (`global_denominator`), so that average is the
+global token-weighted mean. `denom=None`: the replica's own weight sum (one replica alone).
 """
 
 from __future__ import annotations
@@ -43,6 +49,22 @@ def label_mask(block_pos: Tensor, ends: Tensor) -> Tensor:
     return block_pos < ends[:, None]
 
 
+def weight_total(anchors: Tensor, ends: Tensor, weights: Tensor) -> Tensor:
+    """anchors [B, A], ends [B], weights [Bs] -> the loss weight summed over every real label (0-d float64): what
+    `_row_weights(...).sum()` gives for these blocks, computed from the batch alone (on the CPU: no device sync)."""
+    pos = anchors[:, :, None] + torch.arange(weights.shape[0], device=anchors.device)
+    real = pos < ends[:, None, None]
+    return (real.to(torch.float64) * weights.to(torch.float64)).sum()
+
+
+def global_denominator(anchors: Tensor, ends: Tensor, weights: Tensor, replicas: int) -> Tensor:
+    """The `denom` of every replica's loss for one step: the whole global batch's weight sum / `replicas` (those
+    whose gradients are averaged: DDP's world size, or the threads layout's processes x drafter threads). Every
+    rank holds the global batch (batches are a pure function of the step), so every rank computes the same value
+    on its CPU: no collective, no host sync. fp32 0-d."""
+    return (weight_total(anchors, ends, weights.cpu()) / replicas).to(torch.float32)
+
+
 def _row_weights(weights: Tensor, shape: torch.Size, mask: Tensor | None) -> Tensor:
     """Per-row loss weight [B * A*Bs]: the position weight, 0 where masked."""
     w = weights.repeat(shape.numel() // weights.shape[0])
@@ -65,17 +87,22 @@ def _accuracy(correct: Tensor, mask: Tensor | None, block_size: int) -> tuple[Te
     return acc, 1.0 + prefix.sum().float() / blocks
 
 
-def dflash_loss(logits: Tensor, labels: Tensor, weights: Tensor,
-                mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """logits [B, A*Bs, V], labels [B, A*Bs], weights [Bs], mask [B, A*Bs] bool (None = every label real).
+def _denominator(w: Tensor, denom: Tensor | None) -> Tensor:
+    return w.sum().clamp_min(1e-12) if denom is None else denom.to(w.device, w.dtype)
 
-    Returns (loss, acc, acc_len): the weighted CE normalised by the weight sum of the real labels; top-1 accuracy
+
+def dflash_loss(logits: Tensor, labels: Tensor, weights: Tensor, mask: Tensor | None = None,
+                denom: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """logits [B, A*Bs, V], labels [B, A*Bs], weights [Bs], mask [B, A*Bs] bool (None = every label real), denom:
+    the loss's divisor (module docstring; None = the weight sum of these real labels).
+
+    Returns (loss, acc, acc_len): the weighted CE summed over the real labels / denom; top-1 accuracy
     over real labels at k >= 1; acc_len = 1 + mean length of each block's correct prefix (k = 1, 2, ... until the
     first miss or masked label) — the acceptance length tau a verifier would get from greedy drafts (+1 for the
     target's own token)."""
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
     w = _row_weights(weights, labels.shape, mask)
-    loss = (ce * w).sum() / w.sum().clamp_min(1e-12)
+    loss = (ce * w).sum() / _denominator(w, denom)
     acc, acc_len = _accuracy(logits.argmax(-1) == labels, mask, weights.shape[0])
     return loss, acc, acc_len
 
@@ -129,14 +156,15 @@ class _ChunkedCE(torch.autograd.Function):
 
 
 def chunked_dflash_loss(hidden: Tensor, lm_head_weight: Tensor, labels: Tensor, weights: Tensor,
-                        mask: Tensor | None = None, chunk: int = 2048) -> tuple[Tensor, Tensor, Tensor]:
-    """`dflash_loss(F.linear(hidden, lm_head_weight), labels, weights, mask)` without the full logits: hidden
+                        mask: Tensor | None = None, chunk: int = 2048,
+                        denom: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """`dflash_loss(F.linear(hidden, lm_head_weight), labels, weights, mask, denom)` without the full logits: hidden
     [B, A*Bs, H] (the drafter's normed pre-LM-head states), lm_head_weight [V, H] (frozen), `chunk` rows of logits
     at a time. Same (loss, acc, acc_len), same gradient w.r.t. hidden. `chunk` <= 0 = one chunk."""
     rows = labels.numel()
     chunk = rows if chunk <= 0 else min(chunk, rows)
     w = _row_weights(weights, labels.shape, mask)
-    w = w / w.sum().clamp_min(1e-12)
+    w = w / _denominator(w, denom)
     loss, hit = _ChunkedCE.apply(hidden.reshape(rows, -1), lm_head_weight, labels.reshape(-1), w, chunk)
     acc, acc_len = _accuracy(hit.view(labels.shape), mask, weights.shape[0])
     return loss, acc, acc_len

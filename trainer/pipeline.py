@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from trainer import checkpoint, compile_cache, ddp, graph_probe
+from trainer import checkpoint, compile_cache, graph_probe, trim
 from trainer.allreduce import Aborted, AllReduce
 from trainer.compile import (
     CompileCounter,
@@ -30,18 +30,19 @@ from trainer.compile import (
 from trainer.config import Config
 from trainer.data import MarkovData
 from trainer.dataset import GeneratedData
-from trainer.distributed import Dist, resume_state, save_positions
+from trainer.distributed import Dist, resume_state
 from trainer.eval import PeriodicEval
-from trainer.export import drafter_meta, load_exported, read_exported
+from trainer.export import load_exported, read_exported
 from trainer.hf import build_target
-from trainer.loss import block_inputs, label_mask, position_weights
+from trainer.loss import block_inputs, global_denominator, label_mask, position_weights
 from trainer.main_thread import MainThread
 from trainer.masks import causal_block_mask, dense_mask, flex_block_mask
 from trainer.model import Drafter, build_drafter
-from trainer.schedule import lr_at, resolve
+from trainer.schedule import resolve
 from trainer.streams import mark, receive, thread_streams
 from trainer.supervise import CRASHED, FINISHED, RUNNING, Fault, Supervisor
-from trainer.telemetry import Heartbeat, Progress, emit, log_line
+from trainer.telemetry import Heartbeat, Progress, emit
+from trainer.train_step import Pending, Steps, defers_stats
 
 
 @dataclass
@@ -54,9 +55,11 @@ class Work:
     """[n] the first position past each sequence's real tokens (labels there are masked)."""
     ready: torch.cuda.Event | None = None
     """When the coordinator's stream has finished writing `hidden` (trainer/streams.py)."""
+    denom: Tensor | None = None
+    """CPU 0-d: the loss's divisor, alike for every replica of the step (trainer/loss.py global_denominator)."""
 
 
-class Trainer(MainThread):
+class Trainer(MainThread, Steps):
     """Builds everything from a Config and runs it; `run()` returns the process exit code."""
 
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, fault: Fault | None = None,
@@ -101,6 +104,12 @@ class Trainer(MainThread):
                                        weight_decay=tr.weight_decay, fused=True if d.startswith("cuda") else None)
                      for r, d in zip(self.replicas, self.devices, strict=True)]
         self.weights = {d: position_weights(cfg.drafter.block_size, cfg.gamma, d) for d in set(self.devices)}
+        self.cpu_weights = position_weights(cfg.drafter.block_size, cfg.gamma)
+        # every replica's gradient is averaged with the others': n threads here x world_size processes
+        self.replicas_averaged = self.dist.world_size * self.n
+        self.block_sizes = trim.buckets(tr.num_anchors, tr.block_buckets)  # what a short batch is trimmed to
+        rooms = self.data.rooms() if isinstance(self.data, GeneratedData) else None
+        self.warm_sizes = trim.possible(rooms, tr.num_anchors, self.block_sizes)  # compiled at warm-up
         per_dev = threads_per_device(self.devices)
         self.notes: list[str] = []
         if rt.cuda_graphs and rt.compile_strategy != "off":  # honoured only where the probe shows it is safe
@@ -123,7 +132,10 @@ class Trainer(MainThread):
         self.heartbeat = Heartbeat(self.rank_dir, list(cfg.devices.target) + self.devices, rt.compile_strategy,
                                    layout=self.layout_info())
         self.ddp: torch.nn.Module | None = None  # layout = processes under torchrun: built after the warm-up barrier
-        self._pending: tuple[int, Tensor, float, torch.cuda.Event | None] | None = None  # last step's stats
+        self._pending: dict[int, Pending] = {}  # per drafter thread: its last step's stats (trainer/train_step.py)
+        self.defer_stats = defers_stats(self.devices)
+        if self.defer_stats and cfg.runtime.layout == "threads":
+            self.notes.append("step stats: read one step late (no host sync per step; the log line follows suit)")
         self.start_step = 0
         self._phase = "starting"
         self._last_report: tuple[float, int] | None = None
@@ -158,16 +170,20 @@ class Trainer(MainThread):
         emit(f"resume: continuing from the checkpoint of step {self.start_step}")  # no step=: not a training step
 
     def _warmup(self) -> float:
-        """Build and run every compiled function once per device (forward + backward) on this one thread."""
+        """Build and run every compiled function once per device (forward + backward) on this one thread, at every
+        block count the data can trim a batch to (trainer/trim.py)."""
         t0 = time.perf_counter()
         batch = self.data.batch(self.start_step, self.cfg.train.batch_size)
         hidden = self.target.hidden_states(batch.ids.to(self.target_device), self.layer_ids)
-        for rank, replica in enumerate(self.replicas):
-            if self.sup.stop.is_set():
-                break
-            loss, _, _ = self._forward(rank, Work(-1, batch.ids, batch.anchors, hidden, batch.ends, mark(hidden)))
-            loss.backward()
-            replica.zero_grad(set_to_none=True)
+        denom = global_denominator(batch.anchors, batch.ends, self.cpu_weights, 1)
+        for kept in self.warm_sizes:
+            anchors = trim.trim(batch.anchors, kept)
+            for rank, replica in enumerate(self.replicas):
+                if self.sup.stop.is_set():
+                    break
+                loss, _, _ = self._forward(rank, Work(-1, batch.ids, anchors, hidden, batch.ends, mark(hidden), denom))
+                loss.backward()
+                replica.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
 
     def _warmup_recovering(self) -> float:
@@ -192,16 +208,17 @@ class Trainer(MainThread):
     # ---- worker bodies -----------------------------------------------------------------------------------
     def _forward(self, rank: int, item: Work) -> tuple[Tensor, Tensor, Tensor]:
         dev, bs = self.devices[rank], self.cfg.drafter.block_size
-        ids, anchors = item.ids.to(dev), item.anchors.to(dev)
+        ids, anchors = item.ids.to(dev, non_blocking=True), item.anchors.to(dev, non_blocking=True)
         hidden = receive(item.hidden, item.ready, dev).to(dev)
         block_ids, block_pos, labels = block_inputs(ids, anchors, bs, self.target.mask_token_id)
-        real = label_mask(block_pos, item.ends.to(dev))
+        real = label_mask(block_pos, item.ends.to(dev, non_blocking=True))
+        denom = item.denom.to(dev, non_blocking=True) if item.denom is not None else None
         use_flex = self.attention[rank] == "flex"
         mask = (flex_block_mask if use_flex else dense_mask)(anchors, ids.shape[1], bs)
         if self.ddp is not None:  # the process layout: DDP's hooks reduce the gradients during the backward
-            return self.ddp(block_ids, block_pos, hidden, mask, labels, self.weights[dev], use_flex, real)
+            return self.ddp(block_ids, block_pos, hidden, mask, labels, self.weights[dev], use_flex, real, denom)
         return self.step_fns[dev](self.replicas[rank], block_ids, block_pos, hidden, mask, labels,
-                                  self.weights[dev], use_flex, real)
+                                  self.weights[dev], use_flex, real, denom)
 
     def _put(self, rank: int, item: Work | None) -> None:
         name = f"drafter-{rank}"
@@ -237,18 +254,22 @@ class Trainer(MainThread):
         info = self.sup.threads["coordinator"]
         try:
             for step in range(self.start_step, tr.steps):
-                # the process layout agrees on its stop a step late (_train_step_ddp): the drafters decide when
-                # to stop and the coordinator feeds them until they do
-                if self.sup.stop.is_set() and (self.ddp is None or self._drafters_done()):
+                # where the stop is agreed a step late (trainer/train_step.py) the drafters decide when to stop and
+                # the coordinator feeds them until they do
+                if self.sup.stop.is_set() and (not self._stop_late() or self._drafters_done()):
                     break
                 self.fault.check("coordinator", step, self.sup.stop)
                 batch = self.data.batch(step, self.dist.world_size * self.n * bs)
                 ids, anchors, ends = batch.ids[part], batch.anchors[part], batch.ends[part]
+                # the whole global batch's weight sum, on the CPU: every rank gets the same divisor, no collective
+                denom = global_denominator(batch.anchors, batch.ends, self.cpu_weights, self.replicas_averaged)
                 hidden = self.target.hidden_states(ids.to(self.target_device), self.layer_ids)
                 ready = mark(hidden)  # no host sync: each drafter's stream waits for this event instead
                 for rank in range(self.n):
                     sl = slice(rank * bs, (rank + 1) * bs)
-                    self._put(rank, Work(step, ids[sl], anchors[sl], hidden[sl], ends[sl], ready))
+                    kept = trim.kept_blocks(anchors[sl], ends[sl], self.block_sizes)  # CPU tensors: no sync
+                    self._put(rank, Work(step, ids[sl], trim.trim(anchors[sl], kept), hidden[sl], ends[sl], ready,
+                                         denom))
                 info.step = step + 1
             for rank in range(self.n):
                 self._put(rank, None)
@@ -284,95 +305,3 @@ class Trainer(MainThread):
         finally:
             self.allreduce.leave(rank)
         self.sup.set_state(name, FINISHED)
-
-    def _train_step(self, rank: int, item: Work) -> bool:
-        """Forward, backward, all-reduce, clip, step. Returns True when the group agreed to stop (SIGTERM)."""
-        replica, opt, dev = self.replicas[rank], self.opts[rank], self.devices[rank]
-        params = [p for p in replica.parameters() if p.requires_grad]
-        for p in params:
-            p.grad = None
-        loss, acc, acc_len = self._forward(rank, item)
-        loss.backward()
-        stop_flag = torch.tensor(float(self.sup.stop.is_set()), device=dev)
-        stats = torch.stack([loss.detach().float(), acc.float(), acc_len.float(), stop_flag])
-        flat = torch.cat([p.grad.reshape(-1) for p in params] + [stats])
-        avg, group = self.allreduce.mean(rank, flat, self.sup.abort)
-        avg = avg.to(dev)
-        off = 0
-        for p in params:
-            p.grad.copy_(avg[off:off + p.numel()].view_as(p))
-            off += p.numel()
-        torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
-        lr = lr_at(item.step, self.cfg.train)
-        for param_group in opt.param_groups:
-            param_group["lr"] = lr
-        opt.step()
-        loss_v, acc_v, acc_len_v, stop_v = avg[off:].tolist()
-        if rank == group[0]:
-            self._report(rank, len(group), item.step, loss_v, acc_v, acc_len_v, lr)
-        return stop_v > 0
-
-    def _train_step_ddp(self, rank: int, item: Work) -> bool:
-        """The process layout's step: DDP reduces the gradients during the backward (bf16 buckets, overlapped); the
-        step's [loss, acc, acc_len, stop] are summed across ranks asynchronously and read one step later, after
-        the next step's work is queued, so the host never waits for the device at a step's end. The stop flag is
-        thereby agreed one step late, alike on every rank. Returns True when the group agreed to stop."""
-        replica, opt, dev = self.replicas[rank], self.opts[rank], self.devices[rank]
-        opt.zero_grad(set_to_none=True)
-        loss, acc, acc_len = self._forward(rank, item)
-        loss.backward()
-        stop_flag = torch.tensor(float(self.sup.stop.is_set()), device=dev)
-        stats = torch.stack([loss.detach().float(), acc.float(), acc_len.float(), stop_flag])
-        work = ddp.reduce_stats_async(stats)
-        stop = self._settle(rank)  # the previous step's stats: weights are still those after that step
-        params = [p for p in replica.parameters() if p.requires_grad]
-        torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
-        lr = lr_at(item.step, self.cfg.train)
-        for param_group in opt.param_groups:
-            param_group["lr"] = lr
-        opt.step()
-        work.wait()  # on NCCL: the stream waits, not the host
-        stats.div_(self.dist.world_size)
-        host = stats.to("cpu", non_blocking=True) if stats.is_cuda else stats
-        self._pending = (item.step, host, lr, mark(stats) if stats.is_cuda else None)
-        return stop
-
-    def _settle(self, rank: int) -> bool:
-        """Report the pending step (log line, eval, checkpoint); True when its stop flag is set."""
-        if self._pending is None:
-            return False
-        step, host, lr, ready = self._pending
-        self._pending = None
-        if ready is not None:
-            ready.synchronize()
-        loss_v, acc_v, acc_len_v, stop_v = host.tolist()
-        self._report(rank, 1, step, loss_v, acc_v, acc_len_v, lr)
-        return stop_v > 0
-
-    def _report(self, rank: int, n_ranks: int, step: int, loss: float, acc: float, acc_len: float, lr: float) -> None:
-        """Leader only: the log line every interval, progress for the heartbeat, periodic checkpoints."""
-        tr = self.cfg.train
-        done = step + 1
-        now = time.perf_counter()
-        t_prev, s_prev = self._last_report or (now, step)
-        tokens = (done - s_prev) * n_ranks * self.dist.world_size * tr.batch_size * tr.seq_len
-        tok_s = tokens / max(now - t_prev, 1e-9)
-        self.progress.step, self.progress.loss = done, loss
-        if self.dist.rank:
-            return  # rank 0 alone logs, evaluates and checkpoints
-        if done % tr.log_interval == 0 or done == tr.steps:
-            self.progress.tok_s = tok_s
-            emit(log_line(done, loss, tok_s, lr, acc, acc_len=acc_len, recompiles=self.counter.recompiles,
-                          elapsed_s=round(time.monotonic() - self._t_start, 3)))
-            self._last_report = (now, done)
-        if self.evals and self.evals.due(done, tr.steps):
-            emit(f"eval step={done} {self.evals(self.replicas[rank]).summary()}")
-        if tr.checkpoint_interval and done % tr.checkpoint_interval == 0 and done < tr.steps:
-            self._save(rank, done)
-
-    def _save(self, rank: int, step: int) -> Path:
-        state = {"step": step, "drafter": self.replicas[rank].state_dict(), "optimizer": self.opts[rank].state_dict(),
-                 "config": self.cfg.to_dict(), "drafter_meta": drafter_meta(self.cfg)}
-        if self.dist.active:
-            state.update(save_positions(self.dist, self.n, step))
-        return checkpoint.save(self.run_dir, step, state, self.cfg.train.keep_checkpoints)

@@ -177,3 +177,37 @@ def test_launcher_layout_and_device_placement():
     both = {("drafter-1", 2): "error", ("coordinator", 5): "error"}
     assert Fault("1/drafter-1@2,coordinator@5", rank=1).points == both
     assert Fault("1/drafter-1@2:oom", rank=0).points == {}
+
+
+def test_stats_read_a_step_late_change_no_result_and_stop_both_ranks_at_one_step(launch, tmp_path):
+    """The CUDA path of the threads layout (trainer/train_step.py: a step's stats read one step later, the ranks'
+    stop agreed a step late), run on the CPU by DFLASH_DEFER_STATS=1: the same losses and weights as reading them
+    at once; a SIGTERM stops both ranks at one step, and resuming from there is exact."""
+    steps = ["--set", "train.steps=8", "--set", "train.checkpoint_interval=0"]
+    late = {"DFLASH_DEFER_STATS": "1"}
+    now = launch("now", *TWO, *steps, env={"DFLASH_DUMP_REPLICAS": str(tmp_path / "dump-now")})
+    assert now.wait(300) == 0, now.log[-3000:]
+    whole = launch("whole", *TWO, *steps, env={**late, "DFLASH_DUMP_REPLICAS": str(tmp_path / "dump-whole")})
+    assert whole.wait(300) == 0, whole.log[-3000:]
+    assert whole.steps() == now.steps() and sorted(whole.steps()) == list(range(1, 9))
+    note = "step stats: read one step late"
+    assert whole.log.count(note) == 2 and note not in now.log  # both ranks took the late path; `now` did not
+    reference = replicas(tmp_path / "dump-whole", 2)
+    assert all(identical(a, b) for a, b in zip(reference, replicas(tmp_path / "dump-now", 2), strict=True))
+
+    # rank 0's coordinator holds step index 4 back until the SIGTERM; the stop is agreed a step late, alike
+    part = launch("part", *TWO, *steps, env={**late, "DFLASH_FAULT": "0/coordinator@4:hang"})
+    part.wait_for(lambda: "DFLASH_FAULT: coordinator hangs at step 4" in part.log and 3 in part.steps(),
+                  timeout=300, what="the hang at step index 4")
+    part.proc.send_signal(signal.SIGTERM)
+    part.wait(300)
+    stopped = [line for line in part.log.splitlines() if "training stopped by SIGTERM step=" in line]
+    assert len(stopped) == 2, part.log[-3000:]
+    at = int(stopped[0].split("step=")[1].split()[0])
+    assert all(f"training stopped by SIGTERM step={at} " in line for line in stopped) and 4 < at < 8
+    rest = launch("rest", *TWO, *steps, "--resume", run_dir=part.run_dir,
+                  env={**late, "DFLASH_DUMP_REPLICAS": str(tmp_path / "dump-rest")})
+    assert rest.wait(300) == 0, rest.log[-3000:]
+    assert sorted(rest.steps()) == list(range(at + 1, 9))
+    assert all(rest.steps()[s] == whole.steps()[s] for s in rest.steps())
+    assert all(identical(a, b) for a, b in zip(replicas(tmp_path / "dump-rest", 2), reference, strict=True))

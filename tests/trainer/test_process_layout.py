@@ -5,6 +5,8 @@ crash on one rank ends both naming the rank."""
 
 from __future__ import annotations
 
+import json
+import random
 import signal
 from pathlib import Path
 
@@ -12,6 +14,9 @@ import pytest
 from harness.sshd import free_port
 from test_distributed import identical, replicas
 from trainer_harness import FAST, Run
+
+from trainer.dataset import GeneratedData, write_shard
+from trainer.loss import position_weights, weight_total
 
 PROC = ["--set", 'devices.drafters=["cpu"]', "--set", "runtime.layout=processes"]
 FP32 = ["--set", "runtime.grad_reduce_dtype=fp32"]
@@ -99,3 +104,45 @@ def test_a_crash_on_rank_1_ends_both_ranks_naming_it(launch):
     assert any(line.startswith(f"[rank 1] training aborted: {named}") for line in lines)
     assert crash.log.count("exitcode  : 1 ") == 2, crash.log[-3000:]
     assert not (crash.run_dir / "checkpoints").exists()
+
+
+def _short_responses(out: Path) -> tuple[Path, Path]:
+    """A tiny Hugging Face target written here (trainer/hf_tiny.py, never downloaded) and a generated data directory
+    in its vocabulary whose responses run from 2 to 40 tokens: most rows have fewer anchor positions than
+    train.num_anchors = 4, so batches are trimmed, and replicas hold different numbers of real labels."""
+    from trainer.hf_tiny import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint(out / "tiny-qwen3", "qwen3")
+    rng = random.Random(5)
+    samples = [([rng.randrange(300) for _ in range(16)], [rng.randrange(300) for _ in range(n)], True)
+               for n in [2, 3, 4, 40, 2, 5, 3, 30, 2, 4, 3, 25, 2, 3, 6, 40]]
+    data = out / "data"
+    data.mkdir(parents=True)
+    (data / "meta.json").write_text(json.dumps({"vocab_size": 385, "pad_token_id": 0}))
+    write_shard(data / "shard-00000.pt", list(range(len(samples))), samples)
+    return ckpt, data
+
+
+def test_short_responses_two_ranks_match_one_process_with_the_global_token_weighted_loss(launch, tmp_path):
+    """Replicas holding different numbers of real labels (and trimmed to different block counts): the process
+    layout (DDP, fp32 buckets) logs the per-step loss of one process with both replicas as threads — both divide
+    every replica's label-weighted sum by the global batch's weight sum (trainer/loss.py) — to FP32_REL."""
+    ckpt, data = _short_responses(tmp_path / "short")
+    gen = GeneratedData(data, 64, 16, 4, 0, 385)
+    w = position_weights(16, 7.0)
+    per_replica = [[float(weight_total(b.anchors[r * 2:r * 2 + 2], b.ends[r * 2:r * 2 + 2], w)) for r in (0, 1)]
+                   for b in (gen.batch(s, 4) for s in range(6))]
+    assert any(max(p) > 2 * min(p) for p in per_replica), per_replica  # the per-replica mean would differ
+    common = ["--set", f"target.path={ckpt}", "--set", "data.kind=generated", "--set", f"data.dir={data}",
+              "--set", "train.steps=6"]
+    proc = launch("short-proc", *PROC, *FP32, *common)
+    assert proc.wait(300) == 0, proc.log[-3000:]
+    # one process, compiled at warm-up: every block count the data can be trimmed to is built there, none later
+    single = launch("short-one", "--set", 'devices.drafters=["cpu","cpu"]', *common,
+                    "--set", "runtime.compile_strategy=warmup", nproc=0)
+    assert single.wait(300) == 0, single.log[-3000:]
+    assert "training finished steps=6 recompiles=0" in single.log, single.log[-3000:]
+    p_steps, s_steps = proc.steps(), single.steps()
+    assert sorted(p_steps) == sorted(s_steps) == list(range(1, 7))
+    for step in s_steps:
+        assert float(p_steps[step]) == pytest.approx(float(s_steps[step]), rel=FP32_REL), step

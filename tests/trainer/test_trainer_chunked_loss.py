@@ -37,7 +37,7 @@ def _inputs(target, ids, anchors, ends):
 
 def _loss_and_grads(drafter, args, chunk):
     drafter.zero_grad(set_to_none=True)
-    out = drafter_forward(drafter, *args[:5], position_weights(BS, 2.0), False, args[5], chunk)
+    out = drafter_forward(drafter, *args[:5], position_weights(BS, 2.0), False, args[5], loss_chunk=chunk)
     out[0].backward()
     return [o.detach() for o in out], {n: p.grad.clone() for n, p in drafter.named_parameters()}
 
@@ -84,7 +84,7 @@ def test_step_fn_with_chunking_is_the_chunked_drafter_forward(tiny):
     step = build_step_fn(RuntimeConfig(compile_strategy="off"), "cpu", loss_chunk=3)
     w = position_weights(BS, 2.0)
     got = step(drafter, *args[:5], w, False, args[5])
-    want = drafter_forward(drafter, *args[:5], w, False, args[5], 3)
+    want = drafter_forward(drafter, *args[:5], w, False, args[5], loss_chunk=3)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 

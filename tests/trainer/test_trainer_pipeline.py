@@ -37,24 +37,28 @@ def test_allreduce_mean_is_identical_for_every_rank_and_survives_a_leaver():
     ar, abort = AllReduce([0, 1, 2]), threading.Event()
     vals = {0: torch.tensor([1.0, 2.0]), 1: torch.tensor([3.0, 4.0]), 2: torch.tensor([0.1, 0.7])}
     out: dict[int, torch.Tensor] = {}
+    stops: dict[int, bool] = {}
 
-    def worker(r: int) -> None:
-        out[r] = ar.mean(r, vals[r], abort)[0].clone()
+    def worker(r: int, stop: bool = False) -> None:
+        result, _, stops[r] = ar.mean(r, vals[r], abort, stop)
+        out[r] = result.clone()
 
-    ts = [threading.Thread(target=worker, args=(r,)) for r in range(3)]
+    # rank 1 alone has seen the stop (SIGTERM): all three agree to stop, on the host
+    ts = [threading.Thread(target=worker, args=(r, r == 1)) for r in range(3)]
     for t in ts:
         t.start()
     for t in ts:
         t.join(10)
+    assert stops == {0: True, 1: True, 2: True}
     assert torch.equal(out[0], out[1]) and torch.equal(out[1], out[2])
     torch.testing.assert_close(out[0], (vals[0] + vals[1] + vals[2]) / 3)
     # rank 2 leaves: ranks 0 and 1 finish a step without it
     ar.leave(2)
     t = threading.Thread(target=worker, args=(1,))
     t.start()
-    result, group = ar.mean(0, vals[0], abort)
+    result, group, stop = ar.mean(0, vals[0], abort)
     t.join(10)
-    assert group == (0, 1)
+    assert group == (0, 1) and not stop
     torch.testing.assert_close(result, (vals[0] + vals[1]) / 2)
 
 
