@@ -177,6 +177,7 @@ class RankLayout:
     rank: int
     world_size: int
     devices: tuple[tuple[str, tuple[str, ...]], ...]  # (device as torch names it, what it holds), as written
+    uuids: tuple[tuple[str, str], ...] = ()  # (device, its GPU's UUID as nvidia-smi prints it) where recorded
 
 
 def parse_layout(doc: object) -> RankLayout | None:
@@ -187,7 +188,9 @@ def parse_layout(doc: object) -> RankLayout | None:
                     if isinstance(held, list))
     if kind is None or rank is None or world is None or rank < 0 or world < 1 or not devices:
         return None
-    return RankLayout(kind, rank, world, devices)
+    raw = doc.get("uuids")
+    uuids = tuple((str(d), u) for d, u in raw.items() if isinstance(u, str)) if isinstance(raw, dict) else ()
+    return RankLayout(kind, rank, world, devices, uuids)
 
 
 @dataclass(frozen=True)

@@ -2,15 +2,17 @@
 one line for `status` (`threads: target on GPU 0-4, 3 drafters on GPU 5-7`, `processes: 8 ranks, rank r on GPU r
 (target + drafter)`), and per GPU what it holds, for the GPU table's rows.
 
-A device `cuda:N` is GPU N as nvidia-smi numbers it: true when the trainer sees every GPU in PCI order (no
-CUDA_VISIBLE_DEVICES of its own; a Proxmox container sees its passed-through GPUs so). Devices that are not CUDA (the
-CPU) are in the line but hold no GPU row. Pure: records in, records out.
+Which nvidia-smi GPU a torch device is: by the GPU's UUID where the trainer recorded it (layout `uuids`, the only
+mapping that survives a CUDA_VISIBLE_DEVICES of the trainer's own and CUDA's fastest-first order) and the GPU table
+has it; else `cuda:N` is taken as GPU N (true when the trainer sees every GPU in PCI order, as a Proxmox container
+sees its passed-through GPUs). Devices that are not CUDA (the CPU) are in the line but hold no GPU row. Pure: records
+in, records out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from dflashctl.report import RankLayout
@@ -24,10 +26,17 @@ def gpu_index(device: str) -> int | None:
     return int(idx) if idx.isdigit() else 0 if not idx else None
 
 
-def _where(devices: Sequence[str]) -> str:
-    """`GPU 0-4`, `GPU 5,7`, `cpu`: CUDA indices as runs (three or more in a row as a range), other devices by name."""
-    idx = sorted({i for d in devices if (i := gpu_index(d)) is not None})
-    others = sorted({d for d in devices if gpu_index(d) is None})
+Resolve = Callable[[RankLayout, str], "int | None"]  # (rank, torch device) → nvidia-smi GPU index, or None
+
+
+def _by_name(_r: RankLayout, device: str) -> int | None:
+    return gpu_index(device)
+
+
+def _where(r: RankLayout, devices: Sequence[str], gpu: Resolve = _by_name) -> str:
+    """`GPU 0-4`, `GPU 5,7`, `cpu`: GPU indices as runs (three or more in a row as a range), other devices by name."""
+    idx = sorted({i for d in devices if (i := gpu(r, d)) is not None})
+    others = sorted({d for d in devices if gpu(r, d) is None})
     runs: list[list[int]] = []
     for i in idx:
         if runs and i == runs[-1][-1] + 1:
@@ -51,20 +60,20 @@ def _holds_both(held: Sequence[str]) -> bool:
     return any(_is_target(x) for x in held) and any(_is_drafter(x) for x in held)
 
 
-def _rank_line(r: RankLayout) -> str:
+def _rank_line(r: RankLayout, gpu: Resolve = _by_name) -> str:
     """One rank's devices: `target on GPU 0-4 (sharded), 3 drafters on GPU 5-7`, `target + 1 drafter on GPU 0`."""
     target = [d for d, held in r.devices if any(_is_target(x) for x in held)]
     drafters = [x for _, held in r.devices for x in held if _is_drafter(x)]
     drafter_devs = [d for d, held in r.devices if any(_is_drafter(x) for x in held)]
-    other = [f"{'+'.join(held)} on {_where([d])}" for d, held in r.devices
+    other = [f"{'+'.join(held)} on {_where(r, [d], gpu)}" for d, held in r.devices
              if not any(_is_target(x) or _is_drafter(x) for x in held)]
     n = f"{len(drafters)} drafter{'s' if len(drafters) != 1 else ''}"
     shard = " (sharded)" if any(x == "target-shard" for _, held in r.devices for x in held) else ""
     if target and sorted(target) == sorted(drafter_devs):
-        parts = [f"target{shard} + {n} on {_where(target)}"]
+        parts = [f"target{shard} + {n} on {_where(r, target, gpu)}"]
     else:
-        parts = ([f"target on {_where(target)}{shard}"] if target else []) + \
-                ([f"{n} on {_where(drafter_devs)}"] if drafters else [])
+        parts = ([f"target on {_where(r, target, gpu)}{shard}"] if target else []) + \
+                ([f"{n} on {_where(r, drafter_devs, gpu)}"] if drafters else [])
     return ", ".join(parts + other)
 
 
@@ -75,20 +84,28 @@ class LayoutView:
     kind: str
     world_size: int
     ranks: tuple[RankLayout, ...]  # by rank, those whose heartbeat carries a layout
+    gpu_by_uuid: Mapping[str, int] = field(default_factory=dict)  # the GPU table's UUID → nvidia-smi index
+
+    def gpu(self, r: RankLayout, device: str) -> int | None:
+        """The nvidia-smi index of rank r's device: by its recorded UUID when the GPU table knows it, else by name."""
+        uuid = dict(r.uuids).get(device)
+        if uuid is not None and uuid in self.gpu_by_uuid:
+            return self.gpu_by_uuid[uuid]
+        return gpu_index(device)
 
     def line(self) -> str:
         if len(self.ranks) == 1 and self.world_size == 1:
-            return f"{self.kind}: {_rank_line(self.ranks[0])}"
+            return f"{self.kind}: {_rank_line(self.ranks[0], self.gpu)}"
         head = f"{self.kind}: {self.world_size} rank{'s' if self.world_size != 1 else ''}"
         if len(self.ranks) != self.world_size:
             head += f" ({len(self.ranks)} on this host)"
         one = [r.devices[0] for r in self.ranks if len(r.devices) == 1]
         both = len(one) == len(self.ranks) and all(_holds_both(held) for _, held in one)
-        if both and all(gpu_index(d) == r.rank for r, (d, _) in zip(self.ranks, one, strict=True)):
+        if both and all(self.gpu(r, d) == r.rank for r, (d, _) in zip(self.ranks, one, strict=True)):
             return f"{head}, rank r on GPU r (target + drafter)"
-        if both and len({d for d, _ in one}) == 1 and gpu_index(one[0][0]) is None:
+        if both and len({d for d, _ in one}) == 1 and self.gpu(self.ranks[0], one[0][0]) is None:
             return f"{head}, each on {one[0][0]} (target + drafter)"
-        return f"{head}; " + "; ".join(f"rank {r.rank}: {_rank_line(r)}" for r in self.ranks)
+        return f"{head}; " + "; ".join(f"rank {r.rank}: {_rank_line(r, self.gpu)}" for r in self.ranks)
 
     def gpus(self) -> dict[int, str]:
         """GPU index → what it holds (`target-shard`, `drafter-2`, `rank 3: target + drafter-3`)."""
@@ -96,7 +113,7 @@ class LayoutView:
         several = len(self.ranks) > 1 or self.world_size > 1
         for r in self.ranks:
             for dev, held in r.devices:
-                i = gpu_index(dev)
+                i = self.gpu(r, dev)
                 if i is not None:
                     out.setdefault(i, []).append((f"rank {r.rank}: " if several else "") + " + ".join(held))
         return {i: "; ".join(xs) for i, xs in sorted(out.items())}
@@ -104,15 +121,16 @@ class LayoutView:
     def to_record(self) -> dict[str, Any]:
         """`status --json`'s `layout`."""
         return {"kind": self.kind, "world_size": self.world_size, "summary": self.line(),
-                "ranks": [{"rank": r.rank, "devices": [{"device": d, "gpu": gpu_index(d), "holds": list(held)}
+                "ranks": [{"rank": r.rank, "devices": [{"device": d, "gpu": self.gpu(r, d), "holds": list(held)}
                                                        for d, held in r.devices]} for r in self.ranks],
                 "gpus": [{"gpu": i, "holds": h} for i, h in self.gpus().items()]}
 
 
-def layout_of(layouts: Sequence[RankLayout]) -> LayoutView | None:
-    """The view of a report's layouts (the lead rank's first); None when the trainer wrote none."""
+def layout_of(layouts: Sequence[RankLayout], gpu_by_uuid: Mapping[str, int] | None = None) -> LayoutView | None:
+    """The view of a report's layouts (the lead rank's first); None when the trainer wrote none. gpu_by_uuid: the
+    GPU table's UUID → index, to place devices the trainer recorded by UUID."""
     if not layouts:
         return None
     lead = layouts[0]
     ranks = {r.rank: r for r in layouts if r.kind == lead.kind}
-    return LayoutView(lead.kind, lead.world_size, tuple(ranks[k] for k in sorted(ranks)))
+    return LayoutView(lead.kind, lead.world_size, tuple(ranks[k] for k in sorted(ranks)), dict(gpu_by_uuid or {}))

@@ -116,3 +116,28 @@ def test_a_threaded_run_across_hosts_names_this_hosts_rank_and_its_devices(tmp_p
     assert lay["summary"] == ("threads: 2 ranks (1 on this host); rank 0: target on GPU 0-4 (sharded), "
                               "3 drafters on GPU 5-7")
     assert lay["gpus"][5] == {"gpu": 5, "holds": "rank 0: drafter-0"}
+
+
+def _uuid(i: int) -> str:
+    return f"GPU-0000000{i}-0000-4000-8000-000000000000"
+
+
+def test_a_rank_whose_cuda_visible_devices_renumbers_its_gpu_is_placed_by_the_gpus_uuid() -> None:
+    """Two ranks each seeing one GPU as cuda:0 (CUDA_VISIBLE_DEVICES=1 for rank 0, =0 for rank 1): by name both would
+    land on GPU 0; the UUIDs the trainer records put each on the GPU nvidia-smi shows it holding."""
+    smi = "".join(f"{i}, {_uuid(i)}, NVIDIA H200, 60000, 143771, 95, 600.00\n" for i in range(2))
+    layouts = [{"kind": "processes", "rank": r, "world_size": 2, "devices": {"cuda:0": ["target", f"drafter-{r}"]},
+                "uuids": {"cuda:0": _uuid(1 - r)}} for r in range(2)]
+    doc = {"probe_version": 1, "time": 10.0, "hostname": "ct200", "layouts": layouts,
+           "run": {"id": RUN, "dir": f"/ws/runs/{RUN}", "meta": {"started_at_epoch": 0.0}, "pid": 42, "alive": True,
+                   "exit_code": None, "stopped": False, "heartbeat": None, "errors": {}},
+           "gpus": {"source": "nvidia-smi", "nvml": [], "smi_csv": smi, "error": None}}
+    lay = Watcher("h").update(parse_report(doc)).to_record()["layout"]
+    assert lay["gpus"] == [{"gpu": 0, "holds": "rank 1: target + drafter-1"},
+                           {"gpu": 1, "holds": "rank 0: target + drafter-0"}]
+    assert lay["summary"] == ("processes: 2 ranks; rank 0: target + 1 drafter on GPU 1; "
+                              "rank 1: target + 1 drafter on GPU 0")
+    for rec in layouts:
+        del rec["uuids"]  # a trainer that recorded none: cuda:N is taken as GPU N
+    lay = Watcher("h").update(parse_report(doc)).to_record()["layout"]
+    assert lay["gpus"] == [{"gpu": 0, "holds": "rank 0: target + drafter-0; rank 1: target + drafter-1"}]
