@@ -84,13 +84,13 @@ class LayoutView:
     kind: str
     world_size: int
     ranks: tuple[RankLayout, ...]  # by rank, those whose heartbeat carries a layout
-    gpu_by_uuid: Mapping[str, int] = field(default_factory=dict)  # the GPU table's UUID → nvidia-smi index
+    gpu_by_uuid: Mapping[str, int] = field(default_factory=dict)  # the GPU table's bare UUID → nvidia-smi index
 
     def gpu(self, r: RankLayout, device: str) -> int | None:
         """The nvidia-smi index of rank r's device: by its recorded UUID when the GPU table knows it, else by name."""
         uuid = dict(r.uuids).get(device)
-        if uuid is not None and uuid in self.gpu_by_uuid:
-            return self.gpu_by_uuid[uuid]
+        if uuid is not None and _bare(uuid) in self.gpu_by_uuid:
+            return self.gpu_by_uuid[_bare(uuid)]
         return gpu_index(device)
 
     def line(self) -> str:
@@ -133,4 +133,10 @@ def layout_of(layouts: Sequence[RankLayout], gpu_by_uuid: Mapping[str, int] | No
         return None
     lead = layouts[0]
     ranks = {r.rank: r for r in layouts if r.kind == lead.kind}
-    return LayoutView(lead.kind, lead.world_size, tuple(ranks[k] for k in sorted(ranks)), dict(gpu_by_uuid or {}))
+    by_uuid = {_bare(u): i for u, i in (gpu_by_uuid or {}).items()}
+    return LayoutView(lead.kind, lead.world_size, tuple(ranks[k] for k in sorted(ranks)), by_uuid)
+
+
+def _bare(uuid: str) -> str:
+    """nvidia-smi prints `GPU-<uuid>`, torch's device properties print the bare `<uuid>`: compared without either."""
+    return uuid.strip().lower().removeprefix("gpu-")

@@ -127,7 +127,7 @@ def test_a_rank_whose_cuda_visible_devices_renumbers_its_gpu_is_placed_by_the_gp
     land on GPU 0; the UUIDs the trainer records put each on the GPU nvidia-smi shows it holding."""
     smi = "".join(f"{i}, {_uuid(i)}, NVIDIA H200, 60000, 143771, 95, 600.00\n" for i in range(2))
     layouts = [{"kind": "processes", "rank": r, "world_size": 2, "devices": {"cuda:0": ["target", f"drafter-{r}"]},
-                "uuids": {"cuda:0": _uuid(1 - r)}} for r in range(2)]
+                "uuids": {"cuda:0": _uuid(1 - r).removeprefix("GPU-")}} for r in range(2)]  # torch's bare form
     doc = {"probe_version": 1, "time": 10.0, "hostname": "ct200", "layouts": layouts,
            "run": {"id": RUN, "dir": f"/ws/runs/{RUN}", "meta": {"started_at_epoch": 0.0}, "pid": 42, "alive": True,
                    "exit_code": None, "stopped": False, "heartbeat": None, "errors": {}},
