@@ -26,7 +26,7 @@ CAPTURES_DIR = "captures"
 MAX_CAPTURES = 8
 STACKS_MAX = 4 << 20  # raw dump bytes kept per process
 DUMPS_MAX = 256 << 20  # flight-recorder bytes copied per capture (a dump is a few MB per rank)
-_RANK_VARS = ("RANK", "LOCAL_RANK")
+SETTLE_S, SETTLE_MAX_S = 0.25, 3.0  # a dump being written is waited for this long at most
 
 
 def ranks(program: int | None) -> dict[int, dict]:
@@ -71,13 +71,38 @@ def _new_dir(run_dir: str, attempt: int, now: float) -> str | None:
             path = f"{base}-{n}"
 
 
+def _dump_sizes(folder: str, start: str) -> dict[str, int]:
+    out = {}
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return {}
+    for n in names:
+        if n.startswith(start):
+            try:
+                out[n] = os.path.getsize(os.path.join(folder, n))
+            except OSError:
+                continue
+    return out
+
+
+def _settled(folder: str, start: str) -> list[str]:
+    """The dump files, once two readings SETTLE_S apart agree (a rank may be writing its dump as the timeout is
+    seen), at most SETTLE_MAX_S."""
+    deadline, sizes = time.monotonic() + SETTLE_MAX_S, _dump_sizes(folder, start)
+    while time.monotonic() < deadline:
+        time.sleep(SETTLE_S)
+        again = _dump_sizes(folder, start)
+        if again == sizes:
+            break
+        sizes = again
+    return sorted(sizes)
+
+
 def _copy_dumps(prefix: str, into: str) -> tuple[list[dict], list[dict]]:
     """The dump files present now (names starting with the prefix's base), copied while under DUMPS_MAX."""
     folder, start = os.path.dirname(prefix) or ".", os.path.basename(prefix)
-    try:
-        names = sorted(n for n in os.listdir(folder) if n.startswith(start))
-    except OSError:
-        return [], []
+    names = _settled(folder, start)
     copied, skipped, total = [], [], 0
     for name in names:
         src = os.path.join(folder, name)
