@@ -30,7 +30,8 @@ PROGRESS_TOKENS = ("step", "loss", "iter", "Step", "Loss", "STEP", "LOSS", "it/s
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)\b"
 _KV_RE = re.compile(rf"(?<![\w/.])['\"]?([A-Za-z_][\w./-]*?)['\"]?\s*[=:]\s*['\"]?({_NUM})", re.IGNORECASE)
 _EVAL_RE = re.compile(r"\s*eval\b", re.IGNORECASE)  # the trainer's `eval step=100 acc_len=6.81 …` (PeriodicEval)
-_SPACED_RE = re.compile(rf"\b(step|iter|loss|epoch|batch)\s+({_NUM})", re.IGNORECASE)
+# `loss 2.3`, and the total's own names hand-written loggers print the same way (`loss_total nan`, `train_loss 2.3`)
+_SPACED_RE = re.compile(rf"\b(step|iter|loss|epoch|batch|loss_total|total_loss|train_loss)\s+({_NUM})", re.IGNORECASE)
 _GRAD_NORM_RE = re.compile(rf"\bgrad[ _]norm\s*[=:]\s*({_NUM})", re.IGNORECASE)  # Megatron's `grad norm: nan`
 _OF_TOTAL_RE = re.compile(  # `iteration  100/ 1000`, `Step 120/1000`, `[step 5/50]`, mmengine `[1][250/735]`
     r"(?:\b(?:iteration|step|iter|batch)s?\s*[=:]?\s*\[?\s*|Epoch(?:\(train\))?:?\s*\[\s*\d+\s*\]\s*\[\s*)(\d+)\s*/\s*(\d+)\b",
@@ -53,7 +54,7 @@ _KEY_ALIASES = {
     "iter": "step", "iteration": "step", "global_step": "step", "tps": "tok/s", "tokens/s": "tok/s", "tok/sec": "tok/s",
     "tokens_per_sec": "tok/s", "tokens_per_second": "tok/s", "tok_per_s": "tok/s", "wps": "tok/s",
     "learning_rate": "lr", "train_loss": "loss", "lm_loss": "loss", "lm loss": "loss", "train/loss": "loss",
-    "reduced_train_loss": "loss",
+    "reduced_train_loss": "loss", "loss_total": "loss", "total_loss": "loss",
     "train/grad_norm": "grad_norm", "gradient_norm": "grad_norm", "grad_norm": "grad_norm",
 }
 

@@ -114,8 +114,10 @@ NATIVE_COMPILE = Rule(
     lines=(r"CppCompileError", r"collect2: error: ld returned \d+ exit status",
            r"InvalidCxxCompiler", r"No working C compiler found",
            r"Failed to find C compiler",
-           r"CalledProcessError: Command '\['[^']*?(?:gcc|g\+\+|c\+\+|clang(?:\+\+)?|\bcc)(?:-\d+)?', "
-           r"(?=.{0,2000}(?:torchinductor_|main\.c|\.cpp'|-shared))",
+           # the compiler by its name at the end of its path, any platform: gcc/g++/clang, MinGW's gcc.exe, MSVC's
+           # cl.exe and the tcc Triton bundles on Windows (issue 28), Intel's icx; building a module (-shared, /LD)
+           r"CalledProcessError: Command '\['[^']*?(?i:gcc|g\+\+|c\+\+|clang(?:\+\+|-cl)?|\bcc|\bcl|\btcc|\bicx|\bicpx)"
+           r"(?:-\d+)?(?i:\.exe)?', (?=.{0,2000}(?:torchinductor_|main\.c|\.cpp'|-shared|/LD|\.c',))",
            r"InductorError: (?:[\w.]+\.)?(?:CalledProcessError|CppCompileError|InvalidCxxCompiler)",
            r"fatal error: Python.h: No such file or directory", r"error: ld returned \d+ exit status"),
     exc_types=("CppCompileError", "InvalidCxxCompiler"),

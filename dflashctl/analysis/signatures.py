@@ -29,6 +29,29 @@ from dflashctl.model import Signature
 
 ZERO_RUN = 3  # consecutive training losses of exactly 0.0 that make a `zero-loss`
 
+# bash's own translations of its job message "Killed" (its message catalogue, bash.mo, every locale it ships): a
+# shell in a Chinese, German or Korean locale prints `已杀死`, `Abgebrochen (Killed)`, `죽었음` where English prints
+# `Killed` when the kernel's OOM killer ends the program (issue 28: the held-out logs had one).
+BASH_KILLED = ("Killed", "Abgebrochen (Killed)", "Bị giết", "Dibunuh", "Drept", "Dödad", "Geëlimineerd", "Kilőve",
+               "Maraithe", "Matado", "Mort", "Morto", "Morto (Killed)", "Murdu", "Omorât", "Slået ihjel", "Tapettu",
+               "Tué", "Ubijen", "Ucciso", "Unicestwiony", "Uničen", "Zabit", "Zabitý", "Öldürüldü", "Вбитий",
+               "Убит", "Убијен", "已杀死", "強制結束", "죽었음")
+# a line that is only that message (markdown bold around it kept: users paste `**Killed**`); spaces stay unescaped so
+# each word is literally in the pattern, as its anchor must be
+_BASH_KILLED_LINE = (r"^[*_]{0,2}(?:"
+                     + "|".join(re.escape(w).replace("\\ ", " ") for w in sorted(BASH_KILLED, key=len, reverse=True))
+                     + r")\.?[*_]{0,2}\s*$")
+# CUDA's stream-capture error strings (cudaErrorStreamCapture*, 900-908, as cudaGetErrorString words them), whoever
+# prints them: torch's `CUDA error: …`, NCCL's `NCCL WARN Cuda failure '…'`, Warp's `CUDA error 900: …`, TensorRT's
+# `Cuda Runtime (…)`. The ones with their own pattern below (900, 906) are not repeated.
+_CAPTURE_ERRORS = (r"operation failed due to a previous error during capture",
+                   r"operation would result in a merge of separate capture sequences",
+                   r"capture was not ended in the same stream as it began",
+                   r"capturing stream has unjoined work",
+                   r"dependency created on uncaptured work in another stream",
+                   r"operation not permitted on an event last recorded in a capturing stream",
+                   r"attempt to terminate a thread-local capture sequence from another thread")
+
 
 RULES: tuple[Rule, ...] = (
     COMPILE_THREAD_RACE,
@@ -63,7 +86,9 @@ RULES: tuple[Rule, ...] = (
         lines=(r"DefaultCPUAllocator: can't allocate memory", r"(?i:out of memory): Killed process",
                r"Out of memory: Kill process",
                r"Cannot allocate memory \(errno 12\)", r"\boom-kill:constraint=CONSTRAINT_",
-               r"^[*_]{0,2}Killed[*_]{0,2}\s*$", r"(?:^|\s)\d+\s+Killed\s+\S",
+               _BASH_KILLED_LINE, r"(?:^|\s)\d+\s+Killed\s+\S",
+               # the kernel's line without its `Out of memory:` head (older kernels, a cgroup's own wording cut)
+               r"\bKilled process \d+ \([^)]*\) total-vm:",
                r"(?i:signal) 9 \(SIGKILL\) received by PID",
                r"DataLoader (?:worker|process) \(pid\(?s?\)? ?[\d, ]*\)? ?(?:exited )?is killed by signal: Killed"),
         exc_types=("MemoryError",),
@@ -181,7 +206,8 @@ RULES: tuple[Rule, ...] = (
                r"CUDAGraph::capture_(?:begin|end)",
                r"cudaStreamCaptureStatus\w+", r"CUDA error: capturing stream has unjoined work",
                r"CUDA error: operation not permitted on an event last recorded in a capturing stream",
-               r"Capture cuda graph failed"),
+               r"Capture cuda graph failed", r"CUDA_ERROR_STREAM_CAPTURE_\w+",
+               r"(?:" + "|".join(_CAPTURE_ERRORS) + r")"),
         examples=("RuntimeError: CUDA error: operation not permitted when stream is capturing",),
     ),
     TRITON_COMPILE,
@@ -258,6 +284,7 @@ ANCHORS: tuple[str, ...] = (
     "StreamCapture", "Capture cuda graph", "when stream is capturing", "PassManager", "DataLoader",
     "Unexpected ", "too short", "ELF", "CppCompile",
     "collect2", "torchinductor_", "compile cache: ", "InvalidCxx", "C compiler", "Python.h", "ld returned",
+    "STREAM_CAPTURE", "captur", *(w for w in BASH_KILLED if "Killed" not in w),
 )
 
 BY_ID: dict[str, Rule] = {r.signature.id: r for r in RULES}
