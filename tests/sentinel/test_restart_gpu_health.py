@@ -117,3 +117,25 @@ def test_no_attempt_starts_when_fewer_healthy_gpus_remain_than_the_ranks_need(lo
     assert status.code == 100, status.err  # crashed, no restart pending
     assert any(e.get("kind") == "restart" and "not started" in e.get("message", "")
                for e in status.json()["events"]), status.out[-2000:]
+
+
+def test_in_a_container_the_sentinel_rechecks_the_gpus_it_sees_there(pve, cli, tmp_path) -> None:  # noqa: ANN001
+    """The same over ssh + `pct exec` in a real LXC container: the sentinel, from its bundle, reads the container's
+    nvidia-smi and leaves out the GPU with an uncorrectable ECC error."""
+    pve.set_gpus([{"memory.used": 3}, {"memory.used": 3}, {"memory.used": 3}])
+    src = _deploy(cli, tmp_path)
+    res = cli("launch", "--source", str(src), "--json", "--name", "ctgpus", "--exclude-unhealthy-gpus",
+              "--restart-on", "crashed", "--backoff", "0.1s", "--exec", "--", "python3", "visible.py")
+    assert res.code == 0, res.err
+    ws = pve.workspace_dir / "dflash"
+    first = _attempts(ws)[0]
+    wait_until(lambda: "visible=" in _log(first), timeout=120, what="attempt 1's first line")
+    pve.set_gpus([{"memory.used": 3}, {"memory.used": 3}, {"memory.used": 3, **ECC}])
+    cue(first, "crash")
+    second = wait_until(lambda: len(_attempts(ws)) >= 2 and _attempts(ws)[1], timeout=120, what="attempt 2")
+    wait_until(lambda: "visible=" in _log(second), timeout=120, what="attempt 2's first line")
+    assert "visible=0,1" in _log(second)
+    gpus = json.loads((first / "restart.json").read_text())["gpus"]
+    assert gpus["keep"] == [0, 1] and list(gpus["left_out"]) == ["2"], gpus
+    cue(second, "crash")
+    wait_exit_code(second)
