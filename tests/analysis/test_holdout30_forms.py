@@ -88,3 +88,8 @@ def test_a_total_loss_logged_as_name_then_value_that_turns_nan_is_nan_loss() -> 
 def test_a_total_loss_logged_as_name_then_value_that_stays_finite_is_clean() -> None:
     log = "".join(f"Iter [{i}/900]  loss_cls 0.{i}  loss_total 1.{i}\n" for i in range(1, 6))
     assert _ids(log) == []
+
+
+def test_a_sub_loss_stuck_at_zero_beside_the_total_is_not_taken_for_the_loss() -> None:
+    log = "".join(f"Iter [{i}/900]  loss_cls 0.0000  loss_total 1.{i}\n" for i in range(1, 6))
+    assert _ids(log) == []
