@@ -5,11 +5,17 @@ compiler on Windows failing a Triton/inductor build, CUDA's other stream-capture
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from dflashctl.analysis import signatures
 from dflashctl.analysis.health import active_hits
 from dflashctl.analysis.logscan import scan
 from dflashctl.analysis.signatures import BASH_KILLED
+
+HOLDOUT30 = Path(__file__).parent / "data" / "holdout30"
 
 
 def _ids(log: str) -> list[str]:
@@ -93,3 +99,14 @@ def test_a_total_loss_logged_as_name_then_value_that_stays_finite_is_clean() -> 
 def test_a_sub_loss_stuck_at_zero_beside_the_total_is_not_taken_for_the_loss() -> None:
     log = "".join(f"Iter [{i}/900]  loss_cls 0.0000  loss_total 1.{i}\n" for i in range(1, 6))
     assert _ids(log) == []
+
+
+def test_the_second_held_out_set_is_well_formed_big_enough_and_labelled_with_known_ids() -> None:
+    """A measure, not a target: no figure is asserted on it (benchmarks/results/diagnose_holdout30.md has them)."""
+    docs = {j.stem: json.loads(j.read_text()) for j in sorted(HOLDOUT30.glob("*.json"))}
+    assert len(docs) >= 40 and sum(d["healthy"] for d in docs.values()) >= 5
+    assert all((HOLDOUT30 / f"{stem}.log").stat().st_size > 0 for stem in docs)
+    unknown = {s: d["labels"] for s, d in docs.items() if set(d["labels"]) - set(signatures.BY_ID)}
+    assert not unknown
+    assert all(d["source"].startswith("https://github.com/") for d in docs.values())
+    assert all(not (d["labels"] or d["final_exception"] or d["workers"]) for d in docs.values() if d["healthy"])
