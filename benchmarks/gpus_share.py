@@ -5,7 +5,8 @@ against the same status without it, next to the seed's raw one-liner, on the loo
 
 Loopback sshd + a running container + the nvidia-smi stand-in (benchmarks/loopback.py), a run frozen on a 700 kB
 log, its trainer's host pid listed by the stand-in as a compute app. "status, no share" is the same dflashctl with
-commands/gpushare.ShareReading replaced by one that reads nothing (in the process, before the verb runs). Rows
+the status request's host half asked without the GPUs' compute processes (remote/probe.py request_doc
+gpu_apps=False) (in the process, before the verb runs). Rows
 alternate call by call (each a new process); medians and bests. Numbers are from one run on one machine: compare the
 ratios, not the seconds. Needs root and sshd.
 """
@@ -29,9 +30,9 @@ from loopback import (
     timed,
 )
 
-NO_SHARE = ("import sys\nfrom dflashctl.commands import gpushare\n"
-            "class _None:\n    def __init__(self, *a, **k): pass\n    def share(self, *a, **k): return None\n"
-            "gpushare.ShareReading = _None\nfrom dflashctl.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+NO_SHARE = ("import sys\nfrom dflashctl.remote import probe\n_ask = probe.request_doc\n"
+            "probe.request_doc = lambda *a, **k: _ask(*a, **{**k, 'gpu_apps': False})\n"
+            "from dflashctl.cli import main\nsys.exit(main(sys.argv[1:]))\n")
 
 
 def main() -> int:

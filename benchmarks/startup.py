@@ -145,6 +145,8 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=15)
     ap.add_argument("--before", default=BEFORE, help="the tree to compare version and --help with")
     ap.add_argument("--out", default=result_path("startup.md"))
+    ap.add_argument("--only-ssh", action="store_true",
+                    help="only the status-over-ssh group (and its NVML table): the CLI-start and local groups left out")
     ap.add_argument("--status-before", metavar="REV", default=None,
                     help="also time `python -P -m dflashctl status --json` (warm master) of REV's tree beside this "
                          "tree's, in the ssh group (a before/after of the one-shot status in the same run)")
@@ -160,7 +162,7 @@ def main() -> int:
            "alternating within each group, after one untimed call a row (bytecode cached, as installed); each call "
            "a new process. Compare the ratios, not the milliseconds "
            "(machine shared, load noisy).", "",
-           "Command: `.venv/bin/python benchmarks/startup.py"
+           "Command: `.venv/bin/python benchmarks/startup.py" + (" --only-ssh" if args.only_ssh else "")
            + (f" --status-before {args.status_before}" if args.status_before else "") + "`"]
     local_proc = None
     prev: Path | None = None  # --status-before's tree
@@ -172,34 +174,35 @@ def main() -> int:
             env = {k: v for k, v in {**os.environ, **sshd.env}.items() if k != "PYTHONDONTWRITEBYTECODE"}
             env["DFLASHCTL_STATE_DIR"] = str(state)
             dfl = str(DFLASHCTL)
-            old = exported(args.before)
-            old_env = {**env, "PYTHONPATH": str(old)}
             mod = [sys.executable, "-P", "-m", "dflashctl"]  # -P: not the cwd's tree first
-            is_version, is_help = (lambda o: o.strip() == b"0.1.0"), (lambda o: b"Usage: dflashctl" in o)
-            seconds = measure({
-                "python -c pass": ([sys.executable, "-c", "pass"], env, lambda o: o == b""),
-                "dflashctl version": ([dfl, "version"], env, is_version),
-                "dflashctl --help": ([dfl, "--help"], env, is_help),
-                "python -m dflashctl version": ([*mod, "version"], env, is_version),
-                f"python -m dflashctl version, before ({args.before})": ([*mod, "version"], old_env, is_version),
-                "python -m dflashctl --help": ([*mod, "--help"], env, is_help),
-                f"python -m dflashctl --help, before ({args.before})": ([*mod, "--help"], old_env, is_help),
-            }, args.calls)
-            shutil.rmtree(old, ignore_errors=True)
-            floor = summary(seconds["python -c pass"])[0]
-            out += table("CLI start (no host contacted)", seconds, "python -c pass",
-                         {"dflashctl version": "≤ 2.5× python -c pass"
-                          + (" ✓" if summary(seconds["dflashctl version"])[0] <= 2.5 * floor else " ✗")})
+            if not args.only_ssh:
+                old = exported(args.before)
+                old_env = {**env, "PYTHONPATH": str(old)}
+                is_version, is_help = (lambda o: o.strip() == b"0.1.0"), (lambda o: b"Usage: dflashctl" in o)
+                seconds = measure({
+                    "python -c pass": ([sys.executable, "-c", "pass"], env, lambda o: o == b""),
+                    "dflashctl version": ([dfl, "version"], env, is_version),
+                    "dflashctl --help": ([dfl, "--help"], env, is_help),
+                    "python -m dflashctl version": ([*mod, "version"], env, is_version),
+                    f"python -m dflashctl version, before ({args.before})": ([*mod, "version"], old_env, is_version),
+                    "python -m dflashctl --help": ([*mod, "--help"], env, is_help),
+                    f"python -m dflashctl --help, before ({args.before})": ([*mod, "--help"], old_env, is_help),
+                }, args.calls)
+                shutil.rmtree(old, ignore_errors=True)
+                floor = summary(seconds["python -c pass"])[0]
+                out += table("CLI start (no host contacted)", seconds, "python -c pass",
+                             {"dflashctl version": "≤ 2.5× python -c pass"
+                              + (" ✓" if summary(seconds["dflashctl version"])[0] <= 2.5 * floor else " ✗")})
 
-            run_dir, local_proc = start_local(pve.local_workspace_dir, "20261201-1900-startup", step_s=0.001)
-            wait_for(lambda: (run_dir / "train.log").stat().st_size > 700_000, what="a 700 kB local log")
-            local_proc.send_signal(signal.SIGSTOP)  # frozen: every call reads the same log
-            rows: dict[str, tuple[list[str], dict[str, str], Check]] = {
-                "python -c pass": ([sys.executable, "-c", "pass"], env, lambda o: o == b"")}
-            rows["dflashctl status --json --host local"] = ([dfl, "status", "--json", "--host", "local"], env,
-                                                            is_json_status)
-            seconds = measure(rows, args.calls)
-            out += table("status --json, local host (a run with a 700 kB log)", seconds, "python -c pass", {})
+                run_dir, local_proc = start_local(pve.local_workspace_dir, "20261201-1900-startup", step_s=0.001)
+                wait_for(lambda: (run_dir / "train.log").stat().st_size > 700_000, what="a 700 kB local log")
+                local_proc.send_signal(signal.SIGSTOP)  # frozen: every call reads the same log
+                rows: dict[str, tuple[list[str], dict[str, str], Check]] = {
+                    "python -c pass": ([sys.executable, "-c", "pass"], env, lambda o: o == b"")}
+                rows["dflashctl status --json --host local"] = ([dfl, "status", "--json", "--host", "local"], env,
+                                                                is_json_status)
+                seconds = measure(rows, args.calls)
+                out += table("status --json, local host (a run with a 700 kB log)", seconds, "python -c pass", {})
 
             ssh_run = frozen_run(pve, "20261201-1901-startup")
             no_master = raw_oneliner(sshd, pve, ssh_run, "-o", "ControlMaster=no")

@@ -71,11 +71,14 @@ def show(o: OneShot, cluster: str | None = None) -> None:
         status_known(inv, o.host, cluster, o.run, o.json_)  # raises Exit with the run's code
         return
     h = inv.get(o.host)
-    from dflashctl.commands import status as status_cmd
     from dflashctl.remote import connect
+    from dflashctl.remote.probe import StatusFetch
 
     with connect(h) as target:
-        v = status_cmd.status_once(target, o.run)
+        fetch = StatusFetch(target, o.run)  # asked first: the judging code below is imported while the host works
+        from dflashctl.commands import status as status_cmd
+
+        v = status_cmd.status_once(target, o.run, fetch=fetch)
     if v.run is not None and v.run.meta.members:
         from dflashctl.cli.cluster import status_across
 

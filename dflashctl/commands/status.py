@@ -47,18 +47,17 @@ def _no_run(host: Host, run: str | None) -> NotFound:
 
 
 def status_once(target: Target, run: str | None = None, *, judge: JudgeSettings | None = None,
-                log_max: int = probe.DEFAULT_LOG_MAX) -> StatusView:
-    """One round trip: the log's tail, GPUs, process state and the GPU host's kernel-log Xid lines (for a container
-    host read on the Proxmox host by the same ssh command) → a judged view. judge: the host's (hosts.toml) unless
-    given."""
-    shared = gpushare.ShareReading(target)  # the host view's GPU share, read beside the probe (issue 29)
-    doc = probe.probe_once(target, target.host.workspace, run or "latest", log_max=log_max, require_run=False,
-                           events=True, xid=True)
+                log_max: int = probe.DEFAULT_LOG_MAX, fetch: probe.StatusFetch | None = None) -> StatusView:
+    """One round trip: the log's tail, GPUs, process state, and from the GPU host (for a container host, the Proxmox
+    host) the kernel log's Xid lines and the host view's GPU share (issue 29) → a judged view. judge: the host's
+    (hosts.toml) unless given. fetch: the readings already asked for (cli/statusonce.py asks before importing
+    this module, so the two overlap); else asked now."""
+    doc, host_gpus = (fetch or probe.StatusFetch(target, run, log_max=log_max)).result()
     if doc.run is None:
         raise _no_run(target.host, run)
     w = judging.watcher(target.host.name, judge or target.host.judge)
     view = with_events(w.update(doc), doc)
-    view.gpu_share = shared.share(doc.run.id if doc.run.alive else None)
+    view.gpu_share = gpushare.share_of(target, host_gpus, doc.run.id if doc.run.alive else None)
     return view
 
 

@@ -49,7 +49,8 @@ from dflashctl.remote.transport import Result
 from dflashctl.report import ProbeReport, check_version, parse_report
 
 __all__ = ["PROBE_VERSION", "ProbeRequest", "build_script", "decode_log", "parse_frames", "probe_args", "probe_doc",
-           "probe_host_gpu_procs", "probe_once", "probe_stream", "one_shot", "request_doc", "stream_docs"]
+           "probe_host_gpu_procs", "probe_once", "probe_stream", "one_shot", "request_doc", "stream_docs",
+           "StatusFetch"]
 
 
 @lru_cache(maxsize=1)
@@ -119,60 +120,108 @@ def probe_doc(target: Target, workspace: str, run: str | None = None, log_offset
 
 
 def request_doc(target: Target, req: ProbeRequest, *, require_run: bool = True,
-                timeout: float | None = 60) -> dict:
+                timeout: float | None = 60, gpu_apps: bool = False) -> dict:
     """The raw report for one typed request (its version checked); NotFound when req.run does not exist and
-    require_run is set."""
-    paired = req.xid and target.host.container is not None
+    require_run is set. gpu_apps (with req.xid): who holds the GPUs as the GPU host's driver knows them too
+    (agent/probe/gpuapps.py, for status's GPU share), read with the Xid lines by the host half (_halves_at_once)
+    and put under the report's "gpu_apps" ({"error": ...} when it could not be read; None when the host half
+    printed nothing)."""
+    paired = req.xid and (target.host.container is not None or gpu_apps)
     args = dataclasses.replace(req, xid=False).to_argv() if paired else req.to_argv()
     if paired:
-        res = _halves_at_once(target, args, timeout)
+        res = _halves_at_once(target, args, timeout, gpu_apps)
     else:
         res = target.run([target.host.python, "-c", loader_source(), *args], stdin=build_script().encode(),
                          timeout=timeout)
     docs = parse_frames(res.stdout)
-    main = [d for d in docs if "xid" not in d] if paired else docs
+    main = [d for d in docs if d.get("half") != "host"] if paired else docs
     if not main:
         raise _no_report(target, res.exit_code, res.tail())
     doc = main[-1]
     if paired:
-        found = [d["xid"] for d in docs if isinstance(d.get("xid"), dict)]
-        doc["xid"] = found[-1] if found else {"error": "the Proxmox host's kernel-log probe printed no report "
-                                                       "(is python3 installed there?)"}
+        host = [d for d in docs if d.get("half") == "host"]
+        found = host[-1] if host else {}
+        where = "the Proxmox host" if target.host.container is not None else target.host.name
+        doc["xid"] = found["xid"] if isinstance(found.get("xid"), dict) else {
+            "error": f"the kernel-log probe on {where} printed no report (is python3 installed there?)"}
+        if gpu_apps:
+            doc["gpu_apps"] = found.get("gpu_apps") if isinstance(found.get("gpu_apps"), dict) else None
     if req.run and require_run and doc.get("run") is None:
         raise NotFound(f"run {req.run!r} not found in {req.workspace}/runs on {target.host.name}",
                        hint="list runs with `dflashctl runs`")
     return doc
 
 
-HOST_HALF_WAIT_S = 20.0  # how long the kernel-log half may lag the container's probe before it is left out
+class StatusFetch:
+    """A one-shot status's readings, asked the moment this is made, on a thread: the probe (the log's tail, events,
+    GPUs, process state) and the GPU host's half (the kernel log's Xid lines and the GPUs' compute processes, for
+    the GPU share) — one round trip. Why a thread: the caller imports the judging code (about half of the laptop's CPU
+    of a status) while the remote side works, instead of before asking (cli/statusonce.py)."""
+
+    def __init__(self, target: Target, run: str | None, *, log_max: int = DEFAULT_LOG_MAX,
+                 timeout: float | None = 60):
+        req = one_shot(target.host.workspace, run or "latest", log_max=log_max, events=True, xid=True)
+        self._got: dict = {}
+        self._thread = threading.Thread(target=self._fetch, args=(target, req, timeout), name="status-fetch",
+                                        daemon=True)
+        self._thread.start()
+
+    def _fetch(self, target: Target, req: ProbeRequest, timeout: float | None) -> None:
+        try:
+            self._got["doc"] = request_doc(target, req, require_run=False, timeout=timeout, gpu_apps=True)
+        except BaseException as e:  # noqa: BLE001 - raised again in result(), in the caller's thread
+            self._got["error"] = e
+
+    def result(self) -> tuple[ProbeReport, dict | None]:
+        """(the typed report, the host view's reading for the GPU share or None); what the request raised, raised
+        here. The reading is shaped as `gpus`' host probe reply (agent/probe/hostgpus.py) with the probe's own GPU
+        reading as its GPUs: the host's compute apps are placed on them by uuid, so the share is keyed by the GPU
+        indices the run's GPUs show in status."""
+        self._thread.join()
+        if "error" in self._got:
+            raise self._got["error"]
+        doc = self._got["doc"]
+        apps = doc.pop("gpu_apps", None)
+        view = None if apps is None or "error" in apps else \
+            {**apps, "gpus": doc.get("gpus") or {}, "holders": None}
+        return parse_report(doc), view
 
 
-def _halves_at_once(target: Target, args: list[str], timeout: float | None) -> Result:
-    """A container host's two readings as two requests sent together: the container's probe (`pct exec`) and the
-    Proxmox host's kernel-log read (agent/hostpair.py). Their waits overlap, so it costs one round trip:
-    each a channel of the one connection (through its master or in-process)
+HOST_HALF_WAIT_S = 20.0  # how long the host half may lag the container's probe before it is left out
+
+
+def _halves_at_once(target: Target, args: list[str], timeout: float | None, apps: bool = False) -> Result:
+    """The probe and the GPU host's half (agent/hostpair.py: the kernel log's Xid lines, and with `apps` who holds
+    the GPUs, in one interpreter) as two requests sent together. For a container host the half runs on
+    the Proxmox host (an LXC container may not read the host's ring buffer; nvidia-smi lists processes only where
+    the driver's pids are real); for another host on the machine itself, beside the probe. Their waits overlap, so
+    it costs one round trip: each a channel of the one connection (through its master or in-process)
     (measured: 145 ms against 204-212 ms for one command running both from the host, two interpreter starts in a
-    row). Merged as the laptop reads them: the kernel-log reply first, then the container probe's output and exit
+    row). Merged as the laptop reads them: the host half's reply first, then the probe's output and exit
     status (a failed one asks `pct status` for the precise error, as Target.run does for every command); a
-    kernel-log half that fails or outlasts HOST_HALF_WAIT_S is left out (the report's xid note says so)."""
+    host half that fails or outlasts HOST_HALF_WAIT_S is left out (the report's xid note says so)."""
     target.transport.check_connection()  # once, here: two threads would each try a refused or silent host in turn
-    xid: list[bytes] = []
+    half: list[bytes] = []
+    on_host = target.host.container is not None
+    argv = ["python3" if on_host else target.host.python, "-c", loader_source(), *(["--apps"] if apps else [])]
+    run = target.run_host if on_host else target.run
 
     def host_half() -> None:
         with contextlib.suppress(DflashError):
-            xid.append(target.run_host(["python3", "-c", hostpair_source()], timeout=timeout).stdout)
+            half.append(run(argv, stdin=hostpair_source().encode(), timeout=timeout).stdout)
 
-    side = threading.Thread(target=host_half, name="probe-xid", daemon=True)
+    side = threading.Thread(target=host_half, name="probe-host-half", daemon=True)
     side.start()
     res = target.run([target.host.python, "-c", loader_source(), *args], stdin=build_script().encode(),
                      timeout=timeout)
     side.join(HOST_HALF_WAIT_S)
-    return Result(res.argv, res.exit_code, b"".join(xid[:1]) + res.stdout, res.stderr)
+    return Result(res.argv, res.exit_code, b"".join(half[:1]) + res.stdout, res.stderr)
 
 
 @lru_cache(maxsize=1)
 def hostpair_source() -> str:
-    """agent/hostpair.py as it travels (an argument to `python3 -c`; the probe itself goes on stdin)."""
+    """agent/hostpair.py as it travels (on stdin to `PYTHON -c <loader>`, run from the compiled-code cache: with the
+    GPU reading pasted in it is 48 kB, too much to compile on every call)."""
     return module_source("hostpair")
 
 

@@ -16,7 +16,7 @@ from dflashctl.errors import DflashError
 from dflashctl.remote.scripts import module_source, parse_replies
 
 AGENT = Path(dflashctl.agent.__file__).parent
-PROGRAMS = ("launcher", "reaper", "codetree", "check", "stacks", "probe.main", "probe.hostgpus")
+PROGRAMS = ("launcher", "reaper", "codetree", "check", "stacks", "probe.main", "probe.hostgpus", "hostpair")
 
 
 def _top_level_names(tree: ast.Module) -> list[str]:

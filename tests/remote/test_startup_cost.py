@@ -74,7 +74,7 @@ XID_79 = ("[Tue Dec  1 16:20:11 2026] NVRM: Xid (PCI:0000:1e:00): 79, pid=4242, 
           "GPU has fallen off the bus.")
 
 
-def test_one_shot_status_of_a_container_host_reads_the_run_and_the_hosts_kernel_log_in_two_commands_at_once(
+def test_one_shot_status_of_a_container_host_reads_the_run_and_the_hosts_side_in_two_commands_at_once(
         pve: PveEnv) -> None:
     pve.set_kernel_log([XID_79])
     target, rec = recorded(pve.host)
@@ -82,10 +82,11 @@ def test_one_shot_status_of_a_container_host_reads_the_run_and_the_hosts_kernel_
         doc = probe.probe_doc(target, pve.host.workspace, "latest", require_run=False, events=True, xid=True)
         with pytest.raises(NotFound, match="no run"):
             status_once(target)
-    # each status: the container's probe and the host's kernel-log half, sent together (their order is the threads');
-    # status also the host's GPU probe (its GPU share: commands/gpushare.py), begun before the probe
-    wait_until(lambda: len(rec.calls) == 5, what="status's three requests")
-    assert sorted(c[:2] for c in rec.calls) == [["pct", "exec"]] * 2 + [["python3", "-c"]] * 3
+    # each: the container's probe and the host's half, sent together (their order is the threads'); status's host
+    # half reads the kernel log and the GPUs' compute apps (its GPU share) in ONE interpreter (agent/hostpair.py)
+    wait_until(lambda: len(rec.calls) == 4, what="two requests each")
+    assert sorted(c[:2] for c in rec.calls) == [["pct", "exec"]] * 2 + [["python3", "-c"]] * 2
+    assert sorted(c[3:] for c in rec.calls if c[0] == "python3") == [[], ["--apps"]]
     assert doc["hostname"] and doc["run"] is None  # the container probe's own report
     assert doc["xid"]["lines"] and "Xid (PCI:0000:1e:00): 79" in doc["xid"]["lines"][0]
 
@@ -96,9 +97,9 @@ def test_one_shot_status_of_a_stopped_container_still_gives_the_precise_one_line
     with target, pytest.raises(ContainerNotRunning) as exc:
         status_once(target)
     assert exc.value.message == f"host pve: container {pve.ctid} is not running (status: stopped)"
-    wait_until(lambda: len(rec.calls) == 4, what="the probe, its pct status and the two host requests")
+    wait_until(lambda: len(rec.calls) == 3, what="the probe, its pct status and the host half")
     calls = [c[:2] for c in rec.calls]
-    assert sorted(calls) == [["pct", "exec"], ["pct", "status"], ["python3", "-c"], ["python3", "-c"]]
+    assert sorted(calls) == [["pct", "exec"], ["pct", "status"], ["python3", "-c"]]
     assert calls.index(["pct", "status"]) > calls.index(["pct", "exec"])  # asked only once the probe failed
 
 

@@ -10,103 +10,22 @@ processes (it knows no PID namespaces): when GPUs hold memory and nothing is lis
 
 Reply: {"probe_version", "time", "hostname", "gpus": <probe/gpus.py report>, "apps_csv": str | None,
 "apps_error": str | None, "procs": {"<pid>": {...}}, "holders": [pid, ...] | None}. Values cross as read; the
-laptop (analysis/hostgpus.py) judges them.
+laptop (analysis/hostgpus.py) judges them. The compute apps and their /proc facts are probe/gpuapps.py's (status's
+host half reads them too).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
 
 from dflashctl.agent.lib.frame import frame
-from dflashctl.agent.lib.procfs import RUN_DIR_VAR, proc_cmdline, proc_env_var, proc_marker, proc_stat
+from dflashctl.agent.probe.gpuapps import apps_pids, compute_apps, procs_of
 from dflashctl.agent.probe.gpus import gpu_report
 from dflashctl.agent.probe.procs import holds_gpu
 from dflashctl.agent.probe.version import PROBE_VERSION
-
-APPS_QUERY = "pid,process_name,used_memory,gpu_uuid"
-APPS_TIMEOUT_S = 20
-
-
-def compute_apps() -> tuple:
-    """(nvidia-smi's compute-apps CSV with its header, None) or (None, why not)."""
-    argv = ["nvidia-smi", "--query-compute-apps=" + APPS_QUERY, "--format=csv,nounits"]
-    try:
-        res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=APPS_TIMEOUT_S)
-    except FileNotFoundError:
-        return None, "nvidia-smi not found"
-    except subprocess.TimeoutExpired:
-        return None, f"nvidia-smi --query-compute-apps timed out after {APPS_TIMEOUT_S}s"
-    if res.returncode == 6:  # "No devices were found"
-        return "", None
-    if res.returncode != 0:
-        msg = " | ".join((res.stderr or res.stdout).decode("utf-8", "replace").strip().splitlines()[-2:])
-        return None, f"nvidia-smi --query-compute-apps exit {res.returncode}: {msg}"
-    return res.stdout.decode("utf-8", "replace"), None
-
-
-def proc_info(pid: int) -> dict | None:
-    """What /proc says about one pid; None when it is gone (or not visible from here)."""
-    st = proc_stat(pid)
-    if st is None:
-        return None
-    cgroup, nspid, uid = "", [], None
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            cgroup = f.read()
-    except OSError:
-        pass
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    nspid = [int(x) for x in line.split()[1:]]
-                elif line.startswith("Uid:"):
-                    uid = int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return {"state": st["state"], "starttime": st["starttime"], "cgroup": cgroup[-2000:], "nspid": nspid,
-            "uid": uid, "user": _user(pid, uid), "cmdline": proc_cmdline(pid), "run_id": proc_marker(pid),
-            "run_dir": proc_env_var(pid, RUN_DIR_VAR)}
-
-
-def _user(pid: int, uid: int | None) -> str | None:
-    """The process's user as its own system names it: an unprivileged container's root is uid 100000 here, so the
-    uid is mapped back through /proc/PID/uid_map and looked up in the container's /etc/passwd (/proc/PID/root)."""
-    if uid is None:
-        return None
-    inner = uid
-    try:
-        with open(f"/proc/{pid}/uid_map") as f:
-            for line in f:
-                inside, outside, count = (int(x) for x in line.split()[:3])
-                if outside <= uid < outside + count:
-                    inner = inside + uid - outside
-                    break
-    except (OSError, ValueError):
-        pass
-    try:
-        with open(f"/proc/{pid}/root/etc/passwd", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                fields = line.split(":")
-                if len(fields) > 2 and fields[2] == str(inner):
-                    return fields[0]
-    except OSError:
-        pass
-    return None
-
-
-def _apps_pids(csv: str | None) -> list:
-    """The pid column of the compute-apps CSV (the laptop parses the rest; here only: which pids to look up)."""
-    pids = []
-    for line in (csv or "").splitlines():
-        first = line.split(",", 1)[0].strip()
-        if first.isdigit():
-            pids.append(int(first))
-    return pids
 
 
 def gpu_holders() -> list:
@@ -154,18 +73,13 @@ def host_gpus() -> dict:
     if "error" in apps:
         raise apps["error"]
     csv, err = apps["value"]
-    pids = _apps_pids(csv)
+    pids = apps_pids(csv)
     holders = None
     if not pids and _memory_held(gpus):
         holders = gpu_holders()
         pids = holders
-    procs = {}
-    for pid in pids:
-        info = proc_info(pid)
-        if info is not None:
-            procs[str(pid)] = info
     return {"probe_version": PROBE_VERSION, "time": time.time(), "hostname": os.uname().nodename, "gpus": gpus,
-            "apps_csv": csv, "apps_error": err, "procs": procs, "holders": holders}
+            "apps_csv": csv, "apps_error": err, "procs": procs_of(pids), "holders": holders}
 
 
 def main(argv: list) -> int:
