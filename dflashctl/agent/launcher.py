@@ -259,6 +259,8 @@ def supervise(run_dir: str) -> int:
             return 0
         _say(f"restart: waited {waited['waited_s']:g} s; starting attempt "
              f"{(spec.get('sentinel') or {}).get('attempt')}")
+        if spec["wait"].get("left_out"):
+            _say(spec["wait"]["left_out"])
     try:
         proc = subprocess.Popen(spec["argv"], cwd=spec["cwd"], stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as e:

@@ -74,6 +74,7 @@ def test_a_gpu_that_turns_unhealthy_between_attempts_is_left_out_of_the_next(loc
     second = wait_until(lambda: len(_attempts(ws)) >= 2 and _attempts(ws)[1], timeout=120, what="attempt 2")
     wait_until(lambda: "visible=" in _log(second), timeout=120, what="attempt 2's first line")
     assert "visible=0,2" in _log(second)
+    assert "[dflashctl] restart: left out GPU 1 (row-remap-pending" in _log(second)
     gpus = json.loads((first / "restart.json").read_text())["gpus"]
     assert gpus["keep"] == [0, 2] and list(gpus["left_out"]) == ["1"] and gpus["visible"] == "0,2"
     (restart,) = of_kind(first, "restart")

@@ -60,7 +60,8 @@ def next_spec(prev_dir: str, prev_id: str, decision: dict) -> dict | None:
                                "attempts_max": 1 + int(restart.get("max_restarts") or 0)})
     spec["wait"] = {"after": prev_id, "after_dir": prev_dir, "backoff_s": float(restart.get("backoff_s") or 0),
                     "gpu_free_mib": float(restart.get("gpu_free_mib") or 512),
-                    "gpu_wait_s": float(restart.get("gpu_wait_s") or 600), "gpus": _run_gpus(spec)}
+                    "gpu_wait_s": float(restart.get("gpu_wait_s") or 600), "gpus": _run_gpus(spec),
+                    "left_out": _left_out_note(decision.get("gpus"))}
     return spec
 
 
@@ -76,6 +77,13 @@ def _attempt_env(env: dict, gpus: object, prev_dir: str) -> dict:
         else:
             out["CUDA_VISIBLE_DEVICES"] = str(visible)
     return out
+
+
+def _left_out_note(gpus: object) -> str | None:
+    """The line the next attempt's supervisor writes into its log: which GPUs the re-check left out, and why."""
+    if not isinstance(gpus, dict) or not gpus.get("left_out"):
+        return None
+    return f"restart: left out {gpus.get('why')}; this attempt gets CUDA_VISIBLE_DEVICES={gpus.get('visible')}"
 
 
 def _run_gpus(spec: dict) -> list | None:
