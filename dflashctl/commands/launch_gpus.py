@@ -66,6 +66,8 @@ def plan(doc: ProbeReport, host: Host, env: dict[str, str], words: Sequence[str]
     out = GpuPlan(record=record, exclusion=ex)
     if ex.left_out:
         out.env["CUDA_VISIBLE_DEVICES"] = ex.visible()
+        if not env.get("CUDA_DEVICE_ORDER"):  # CUDA's own order is fastest first: these are nvidia-smi's indices
+            out.env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         out.notes.append(f"left out {ex.why()}; the program gets CUDA_VISIBLE_DEVICES={ex.visible()}")
     return out
 

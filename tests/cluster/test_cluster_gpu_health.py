@@ -50,6 +50,7 @@ def test_each_node_leaves_out_its_own_unhealthy_gpus(two_hosts, cli):
         assert not any("left out" in n for n in node1["notes"]), node1["notes"]
         env1 = json.loads((h.runs_dir(h.pve1) / run_id / "launch.json").read_text())["env"]
         env2 = json.loads((h.runs_dir(h.pve2) / run_id / "launch.json").read_text())["env"]
-        assert env1["CUDA_VISIBLE_DEVICES"] == "0,2" and "CUDA_VISIBLE_DEVICES" not in env2
+        assert env1["CUDA_VISIBLE_DEVICES"] == "0,2" and env1["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert "CUDA_VISIBLE_DEVICES" not in env2
     finally:
         cli("stop", run_id, "--grace", "10", "--host", "pve1,pve2")

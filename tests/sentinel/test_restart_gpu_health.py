@@ -82,6 +82,8 @@ def test_a_gpu_that_turns_unhealthy_between_attempts_is_left_out_of_the_next(loc
     assert "left out GPU 1 (row-remap-pending: remapped_rows.pending=yes" in restart["message"]
     assert restart["message"].endswith("the attempt gets CUDA_VISIBLE_DEVICES=0,2")
     assert json.loads((second / "meta.json").read_text())["gpus_left_out"] == {"1": gpus["left_out"]["1"]}
+    launched = json.loads((second / "launch.json").read_text())["env"]
+    assert launched["CUDA_VISIBLE_DEVICES"] == "0,2" and launched["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
     kmsg.write_text(XID_79_GPU2 + "\n")  # GPU 2 falls off the bus while attempt 2 runs
     cue(second, "crash")

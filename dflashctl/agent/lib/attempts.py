@@ -76,6 +76,7 @@ def _attempt_env(env: dict, gpus: object, prev_dir: str) -> dict:
             out.pop("CUDA_VISIBLE_DEVICES", None)
         else:
             out["CUDA_VISIBLE_DEVICES"] = str(visible)
+            out.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # nvidia-smi's indices; CUDA's own are fastest first
     return out
 
 
