@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from dflashctl.analysis.gpuexclude import decide, gpus_needed
 from dflashctl.model import GpuAction, HealthFinding, HealthSeverity
+from dflashctl.sentinel.events import Event
 from dflashctl.sentinel.main import hang_reason
+from dflashctl.sentinel.notify import compose
 
 from .test_events import Run, steps
 
@@ -43,3 +45,10 @@ def test_the_ranks_a_run_needs_are_torchruns_own_option() -> None:
     assert gpus_needed(["/opt/venv/bin/torchrun", "--nproc_per_node=4", "x.py", "--nproc-per-node", "9"]) == 4
     assert gpus_needed(["python3", "train.py", "--nproc-per-node", "3"]) == 1  # the script's, not torchrun's
     assert gpus_needed(["torchrun", "--nproc-per-node", "gpu", "x.py"]) == 1
+
+
+def test_a_refused_restart_is_notified_as_not_started_with_the_gpus_why() -> None:
+    refused = Event(50.0, "restart", "run-1", "crashed", "attempt 2 not started: no healthy GPU remains: GPU 1 (x)",
+                    {"attempt": 2, "next_run": None, "error": "no healthy GPU remains: GPU 1 (xid-79: …)"})
+    assert compose([refused], "pve1")["title"] == \
+        "pve1 run run-1: attempt 2 not started: no healthy GPU remains: GPU 1 (xid-79: …)"
