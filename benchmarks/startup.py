@@ -72,21 +72,32 @@ def hosts_with_persist(base: Path, seconds: float) -> Path | None:
     return path
 
 
-def nvml_rows(pve: PveEnv, state: Path, raw: list[str], status: list[str], env: dict[str, str],
+def nvml_rows(pve: PveEnv, raw: list[str], status: list[str], env: dict[str, str],
               calls: int) -> list[str]:
-    """The same status with NVML readable in the container, as on a GPU host whose image has nvidia-ml-py: the
-    probe reads the GPUs in-process (tests/harness/fakes/pynvml stands in for the bindings and the driver) while
-    the raw one-liner still runs nvidia-smi. The stand-in nvidia-smi's cost is mostly a Python start (see
-    gpu_probe_cost.md), so the table above charges both sides a GPU read a real host charges neither exactly."""
-    scenario = pve.tmp / "nvml-startup.json"
+    """The same status with NVML readable in the container, as on a GPU host whose image has nvidia-ml-py (env: the
+    warm-master row's; its hosts file is copied with a wrapper as `python`): the probe reads the GPUs in-process
+    (tests/harness/fakes/pynvml stands in for the bindings and the driver) while the raw one-liner still runs
+    nvidia-smi. The stand-in nvidia-smi's cost is mostly a Python start (see gpu_probe_cost.md), so the table above
+    charges both sides a GPU read a real host charges neither exactly."""
+    fakes = pve.workspace_dir / ".fakes"  # the container sees /workspace only, not this checkout
+    shutil.copytree(ROOT / "tests" / "harness" / "fakes" / "pynvml", fakes / "pynvml",
+                    ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+    scenario = fakes / "nvml-startup.json"
     scenario.write_text(json.dumps({"gpus": [{"memory_used_mib": g["memory.used"], "utilization_pct": 0,
                                               "name": "NVIDIA H100 80GB HBM3 (fake NVML)"} for g in SEED_GPUS]}))
-    with pve.conf.open("a") as conf:  # read by each `pct exec`: the runners the next master starts get it
-        conf.write(f"lxc.environment: PYTHONPATH={ROOT / 'tests' / 'harness' / 'fakes'}\n"
-                   f"lxc.environment: DFLASH_FAKE_NVML={scenario}\n")
-    subprocess.run([str(DFLASHCTL), "hosts", "disconnect"], env={**os.environ, "DFLASHCTL_STATE_DIR": str(state)},
-                   capture_output=True, timeout=60, check=False)  # the master of the old environment
-    _, first = timed(status, env)  # untimed: starts the master
+    # the container's python3 with the bindings on its path: a wrapper named as the host's `python` (the running
+    # container's LXC config, lxc.environment included, was made at its start; one `sh` exec more per probe)
+    wrapper = fakes / "python3"
+    wrapper.write_text("#!/bin/sh\nPYTHONPATH=/workspace/.fakes DFLASH_FAKE_NVML=/workspace/.fakes/nvml-startup.json "
+                       "exec python3 \"$@\"\n")
+    wrapper.chmod(0o755)
+    hosts = Path(env["DFLASHCTL_HOSTS"])
+    nvml_hosts = hosts.with_name("hosts-nvml.toml")
+    head, _, rest = hosts.read_text().partition("[hosts.pve]\n")
+    nvml_hosts.write_text(f"{head}[hosts.pve]\n" + rest.replace('python = "python3"\n',
+                                                                 'python = "/workspace/.fakes/python3"\n', 1))
+    env = {**env, "DFLASHCTL_HOSTS": str(nvml_hosts)}
+    _, first = timed(status, env)  # untimed: starts this hosts file's master
     if b"(fake NVML)" not in first:
         return ["", f"(NVML rows left out: the probe did not read the fake NVML: {first[:200]!r})"]
     rows: dict[str, tuple[list[str], dict[str, str], Check]] = {
@@ -242,7 +253,7 @@ def main() -> int:
             if on is None:
                 out.append(f"| dflashctl status --json, warm master | {master_note} | | | ≤ 0.5× raw |")
             else:
-                out += nvml_rows(pve, state, no_master, status, warm_env, args.calls)
+                out += nvml_rows(pve, no_master, status, warm_env, args.calls)
         finally:
             # every master of this run's state dir
             subprocess.run([dfl, "hosts", "disconnect"], env={**os.environ, "DFLASHCTL_STATE_DIR": str(state)},

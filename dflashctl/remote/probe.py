@@ -38,6 +38,7 @@ import dataclasses
 import threading
 from collections.abc import Generator, Iterator
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from dflashctl.agent.probe.request import DEFAULT_LOG_MAX, ProbeRequest
 from dflashctl.agent.probe.version import PROBE_VERSION
@@ -46,7 +47,17 @@ from dflashctl.model import HostGpuReport
 from dflashctl.remote.scripts import module_source, parse_replies, parse_reply
 from dflashctl.remote.target import Target
 from dflashctl.remote.transport import Result
-from dflashctl.report import ProbeReport, check_version, parse_report
+
+if TYPE_CHECKING:
+    from dflashctl.report import ProbeReport
+
+
+def parse_report(doc: dict) -> ProbeReport:
+    """report.parse_report, imported on first use: a one-shot status sends its request before the typed report's
+    module (and the flight-recorder reader it imports) loads, so that import overlaps the round trip."""
+    from dflashctl.report import parse_report as typed
+
+    return typed(doc)
 
 __all__ = ["PROBE_VERSION", "ProbeRequest", "build_script", "decode_log", "parse_frames", "probe_args", "probe_doc",
            "probe_host_gpu_procs", "probe_once", "probe_stream", "one_shot", "request_doc", "stream_docs",
@@ -70,6 +81,8 @@ def _parse_line(line: str) -> dict | None:
 
 
 def _checked(doc: dict) -> dict:
+    from dflashctl.report import check_version
+
     check_version(doc)
     return doc
 
