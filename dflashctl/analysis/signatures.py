@@ -63,7 +63,8 @@ RULES: tuple[Rule, ...] = (
             "check `dflashctl kill-zombies` first: a process of an earlier run may still hold the memory. "
             "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` helps with fragmentation.",
         ),
-        lines=(r"CUDA out of memory", r"CUDA error: out of memory", r"HIP out of memory", r"CUBLAS_STATUS_ALLOC_FAILED",
+        lines=(r"CUDA out of memory", r"CUDA (?:driver )?error: out of memory", r"HIP out of memory",
+               r"HIP error: out of memory", r"CUBLAS_STATUS_ALLOC_FAILED", r"CUDA_ERROR_OUT_OF_MEMORY",
                r"THCudaCheck FAIL .{0,200}out of memory",
                r"cudaErrorMemoryAllocation",
                # the message's tail without its head (a cut paste, a wrapped line): only the OOM message says these
@@ -123,7 +124,9 @@ RULES: tuple[Rule, ...] = (
             "Run with `NCCL_DEBUG=INFO`; check `nvidia-smi topo -m` and that every GPU of the run is visible "
             "in the container; a crashed peer often shows up here first.",
         ),
-        lines=(r"\bNCCL error\b", r"\bnccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError|InvalidUsage)\b"),
+        # `NCCL Error 2: unhandled system error`: torch before 1.0 numbered them (torch/cuda/nccl.py's NcclError)
+        lines=(r"\bNCCL error\b", r"\bNCCL Error \d+: ",
+               r"\bnccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError|InvalidUsage)\b"),
         exc_types=("DistBackendError", "NcclError"),
         examples=("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
                   "NCCLUtils.hpp:275, unhandled cuda error, NCCL version 2.21.5",),
@@ -138,7 +141,11 @@ RULES: tuple[Rule, ...] = (
         lines=(r"CUDA error: an illegal memory access was encountered", r"CUDA error: device-side assert triggered",
                r"CUDA error: misaligned address", r"CUDA error: an illegal instruction was encountered",
                r"cudaErrorIllegalAddress", r"\.cuh?:\d+: .{0,300}Assertion `",
-               r"CUDA error: an illegal memory access", r"Device-side assertion"),
+               r"CUDA error: an illegal memory access", r"Device-side assertion",
+               # the same CUDA errors as Triton's launcher, ROCm and the driver API word them
+               r"(?:Triton Error \[CUDA\]|HIP error): (?:an illegal memory access|device-side assert triggered|"
+               r"misaligned address|an illegal instruction)",
+               r"CUDA_ERROR_(?:ILLEGAL_ADDRESS|ASSERT|MISALIGNED_ADDRESS|ILLEGAL_INSTRUCTION)\b"),
         examples=("RuntimeError: CUDA error: an illegal memory access was encountered",),
     ),
     Rule(
@@ -284,7 +291,7 @@ ANCHORS: tuple[str, ...] = (
     "StreamCapture", "Capture cuda graph", "when stream is capturing", "PassManager", "DataLoader",
     "Unexpected ", "too short", "ELF", "CppCompile",
     "collect2", "torchinductor_", "compile cache: ", "InvalidCxx", "C compiler", "Python.h", "ld returned",
-    "STREAM_CAPTURE", "captur", *(w for w in BASH_KILLED if "Killed" not in w),
+    "STREAM_CAPTURE", "captur", "HIP error", *(w for w in BASH_KILLED if "Killed" not in w),
 )
 
 BY_ID: dict[str, Rule] = {r.signature.id: r for r in RULES}

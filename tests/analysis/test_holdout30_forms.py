@@ -110,3 +110,24 @@ def test_the_second_held_out_set_is_well_formed_big_enough_and_labelled_with_kno
     assert not unknown
     assert all(d["source"].startswith("https://github.com/") for d in docs.values())
     assert all(not (d["labels"] or d["final_exception"] or d["workers"]) for d in docs.values() if d["healthy"])
+
+
+@pytest.mark.parametrize(("line", "want"), [
+    ("RuntimeError: NCCL Error 3: internal error", "nccl-error"),
+    ("RuntimeError: CUDA driver error: out of memory", "cuda-oom"),
+    ("torch.OutOfMemoryError: HIP error: out of memory", "cuda-oom"),
+    ("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: CUDA_ERROR_OUT_OF_MEMORY: out of memory", "cuda-oom"),
+    ("RuntimeError: Triton Error [CUDA]: device-side assert triggered", "cuda-illegal-access"),
+    ("RuntimeError: HIP error: an illegal memory access was encountered", "cuda-illegal-access"),
+    ("XlaRuntimeError: INTERNAL: CUDA_ERROR_MISALIGNED_ADDRESS: misaligned address", "cuda-illegal-access"),
+])
+def test_the_same_failures_as_other_layers_word_them(line: str, want: str) -> None:
+    """Old torch numbered NCCL errors; Triton's launcher, ROCm, the driver API and XLA word CUDA's errors their way."""
+    assert _ids(line + "\n") == [want]
+
+
+@pytest.mark.parametrize("line", ["NCCL Error handling: TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+                                  "INFO hip: HIP error checking enabled (AMD_SERIALIZE_KERNEL=3)",
+                                  "CUDA_ERROR_NOT_READY polled 3 times, retrying"])
+def test_their_look_alikes_stay_unlabelled(line: str) -> None:
+    assert _ids(STEPS + line + "\n") == []
