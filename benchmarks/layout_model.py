@@ -54,7 +54,8 @@ LINKS = {"NVLink": 450e9 * 0.7, "PCIe-only": 25e9}  # NVLink at 70 % of the per-
 MFU_TRAIN = 0.45   # drafter forward+backward: large bf16 matmuls + flex attention
 MFU_INFER = 0.60   # target forward: bigger matmuls, no backward
 DDP_OVERLAP = 0.8  # share of the DDP all-reduce hidden under the backward (bucketed; the last buckets are exposed)
-HOST_SYNC_S = 0.005  # the seed's per-step `.tolist()`: drains the stream once a step
+HOST_SYNC_S = 0.005  # the seed's per-step `.tolist()`: drains the stream once a step (gone since issue 27: the
+#                      threads layout reads its stats a step late on CUDA; kept, so the threads rows stay the seed's)
 
 
 @dataclass

@@ -7,11 +7,12 @@ not counted in acc, and the correct prefix behind acc_len stops there. Two ways 
 computes the logits a chunk of rows at a time in forward and again in backward, so the [rows, vocab] logits
 never exist whole (512 blocks x 16 x 151,936 fp32 logits are 5 GB per sequence).
 
-Normalisation (SpecForge's global token count): a step's loss is sum(w * CE) over every label of every replica,
-divided by the sum of w over them all — not a mean of per-replica means, which would weigh a token of a replica with
-few real labels more than one of a replica with many. Each replica divides its own sum by `denom` = the global
-weight sum / the number of replicas whose gradients are averaged (`global_denominator`), so that average is the
-global token-weighted mean. `denom=None`: the replica's own weight sum (one replica alone).
+Normalisation (SpecForge's global token count: specforge/training/controller.py `_normalize_gradients`): a step's
+loss is sum(w * CE) over every label of every replica, divided by the sum of w over them all — not a mean of
+per-replica means, which would weigh a token of a replica with few real labels more than one of a replica with
+many. Each replica divides its own sum by `denom` = the global weight sum / the number of replicas whose gradients
+are averaged (`global_denominator`), so that average is the global token-weighted mean. `denom=None`: the
+replica's own weight sum (one replica alone).
 """
 
 from __future__ import annotations
