@@ -11,7 +11,7 @@ import ast
 import json
 from pathlib import Path
 
-from dflashctl.agent.lib.runmeta import RunMeta, read_meta
+from dflashctl.agent.lib.runmeta import RunMeta, read_meta, write_meta
 from dflashctl.agent.lib.runstate import live_latest, node_lead_dir, run_state
 from dflashctl.report import RunRecord, parse_run
 
@@ -136,3 +136,10 @@ def test_meta_json_is_read_only_by_runmeta() -> None:
             if isinstance(node, ast.Constant) and node.value == "meta.json" and id(node) not in written:
                 readers.append(f"{where} 'meta.json'")
     assert readers == []
+
+
+def test_the_one_writer_keeps_every_key_the_launcher_gives_and_reads_back_the_same_record(tmp_path: Path) -> None:
+    written = write_meta(str(tmp_path), WRITTEN)
+    on_disk = json.loads((tmp_path / "meta.json").read_text())
+    assert on_disk == {k: v for k, v in WRITTEN.items() if v is not None}  # only the None ones are left out
+    assert read_meta(str(tmp_path)) == written == RunMeta.from_record(WRITTEN)

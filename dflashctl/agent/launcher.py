@@ -58,6 +58,7 @@ from dflashctl.agent.lib.procfs import (
 )
 from dflashctl.agent.lib.reaping import KILL_WAIT_S, end_group
 from dflashctl.agent.lib.rundir import HASH_FILE, lock_runs, mkdir_exclusive, now_iso, point_latest
+from dflashctl.agent.lib.runmeta import write_meta
 from dflashctl.agent.lib.runstate import live_latest
 from dflashctl.agent.lib.sentinelproc import end_sentinel, start_sentinel, unreachable
 
@@ -155,7 +156,7 @@ def _fill_and_start(spec: dict, source: str, run_id: str, run_dir: str, checkpoi
                                       "attempts_max": 1 + int(restart.get("max_restarts") or 0)})
     env = _run_env(spec.get("env") or {}, run_id, run_dir)
     env.update(recorder_env(argv, env, run_dir))  # under torchrun: the NCCL flight recorder on (issue 28)
-    write_atomic(os.path.join(run_dir, "meta.json"), (json.dumps(meta, indent=2) + "\n").encode())
+    write_meta(run_dir, meta)
     write_atomic(os.path.join(run_dir, "launch.json"),
                  json.dumps({"argv": argv, "cwd": cwd, "env": spec.get("env") or {},
                              "what": "program" if exec_mode else "trainer", "sentinel": spec.get("sentinel"),

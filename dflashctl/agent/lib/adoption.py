@@ -11,13 +11,13 @@ log'`) is adopted together with the trainer it waits for.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 
 from dflashctl.agent.lib.frame import emit
 from dflashctl.agent.lib.fsutil import read_bytes, write_atomic
 from dflashctl.agent.lib.procfs import descendants, proc_argv, proc_marker, proc_stat, process_identity, process_table
 from dflashctl.agent.lib.rundir import lock_runs, mkdir_exclusive, now_iso, point_latest
+from dflashctl.agent.lib.runmeta import write_meta
 from dflashctl.agent.lib.runstate import adopted_by, live_latest
 
 
@@ -83,7 +83,7 @@ def adopt(spec: dict) -> int:
         "adopted_at": now_iso(),
         "launched_by": "hand (adopted by dflashctl)",
     })
-    write_atomic(os.path.join(run_dir, "meta.json"), (json.dumps(meta, indent=2) + "\n").encode())
+    write_meta(run_dir, meta)
     write_atomic(os.path.join(run_dir, "pid"), f"{pid}\n".encode())
     os.symlink(log, os.path.join(run_dir, "train.log"))  # the probe, logs and status read the adopted log
     point_latest(runs_dir, run_id)

@@ -1,8 +1,9 @@
 """A run's meta.json as one typed record, read here and nowhere else (stdlib only: the container's programs and the
 laptop read it alike; dflashctl/model.py re-exports it).
 
-The launcher writes meta.json once, when it makes the run directory (agent/launcher.py): what was started, where,
-by whom, and how it relates to other runs (a restart's chain, a run across hosts). Readers get a RunMeta from
+The launcher writes meta.json once, when it makes the run directory (agent/launcher.py, agent/lib/adoption.py, both
+through `write_meta`): what was started, where, by whom, and how it relates to other runs (a restart's chain, a run
+across hosts). Readers get a RunMeta from
 `from_record` (the probe sends the file as it is) or `read_meta` (a program in the container). Forward and backward
 compatible: a key this version does not know is kept in `extra` and written back unchanged by `to_record`; a key
 that is missing or has the wrong type takes its default, so a run written by an older or newer dflashctl, or a
@@ -16,6 +17,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from dflashctl.agent.lib.fsutil import write_atomic
 
 META_FILE = "meta.json"
 JOB_KINDS = ("eval", "generate")  # runs that are not training: they log no steps (`dflashctl eval` / `generate`)
@@ -153,3 +156,11 @@ def read_meta(run_dir: str) -> RunMeta:
     except (OSError, ValueError):
         return RunMeta()
     return RunMeta.from_record(doc)
+
+
+def write_meta(run_dir: str, record: Mapping[str, Any]) -> RunMeta:
+    """Write the run's meta.json from record, through RunMeta (the one writer: known keys typed, others kept as
+    given), atomically; the RunMeta written."""
+    meta = RunMeta.from_record(record)
+    write_atomic(os.path.join(run_dir, META_FILE), (json.dumps(meta.to_record(), indent=2) + "\n").encode())
+    return meta
