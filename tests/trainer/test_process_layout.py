@@ -1,7 +1,8 @@
 """The process layout (runtime.layout = "processes") on the CPU under torchrun: 2 ranks (gloo), each holding the
 target and one drafter, gradients reduced by torch DDP (bf16 buckets by default). It trains, shows its layout in
-the heartbeat, gives one process's per-step loss for the same global batch, resumes bit-exact after SIGTERM, and a
-crash on one rank ends both naming the rank."""
+the heartbeat, gives one process's per-step loss for the same global batch (also with short responses: replicas
+holding different numbers of real labels, trimmed to different block counts), resumes bit-exact after SIGTERM, and
+a crash on one rank ends both naming the rank."""
 
 from __future__ import annotations
 
