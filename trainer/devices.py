@@ -38,3 +38,20 @@ def parse_devices(text: str) -> list[str]:
         n = cuda_count()
         return [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
     return [d.strip() for d in text.split(",") if d.strip()]
+
+
+def gpu_uuids(devices: list[str]) -> dict[str, str]:
+    """The UUID of each CUDA device's GPU (torch's bare form; nvidia-smi prints it after `GPU-`): the one name of a
+    GPU that survives CUDA_VISIBLE_DEVICES and CUDA's fastest-first order, so `dflashctl status` can put each device
+    on the GPU table's right row. {} without CUDA, or on a torch whose device properties carry no uuid."""
+    import torch
+
+    if not any(d.startswith("cuda") for d in devices) or not torch.cuda.is_available():
+        return {}
+    out = {}
+    for d in devices:
+        if d.startswith("cuda"):
+            uuid = getattr(torch.cuda.get_device_properties(torch.device(d)), "uuid", None)
+            if uuid is not None:
+                out[d] = str(uuid)
+    return out

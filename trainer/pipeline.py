@@ -30,6 +30,7 @@ from trainer.compile import (
 from trainer.config import Config
 from trainer.data import MarkovData
 from trainer.dataset import GeneratedData
+from trainer.devices import gpu_uuids
 from trainer.distributed import Dist, resume_state
 from trainer.eval import PeriodicEval
 from trainer.export import load_exported, read_exported
@@ -148,8 +149,12 @@ class Trainer(MainThread, Steps):
             held.setdefault(dev, []).append("target" if len(self.cfg.devices.target) == 1 else "target-shard")
         for i, dev in enumerate(self.devices):
             held.setdefault(dev, []).append(f"drafter-{self.dist.rank * self.n + i}")
-        return {"kind": self.cfg.runtime.layout, "rank": self.dist.rank, "world_size": self.dist.world_size,
-                "devices": held}
+        layout: dict[str, object] = {"kind": self.cfg.runtime.layout, "rank": self.dist.rank,
+                                     "world_size": self.dist.world_size, "devices": held}
+        uuids = gpu_uuids(list(held))
+        if uuids:
+            layout["uuids"] = uuids
+        return layout
 
     # ---- setup -------------------------------------------------------------------------------------------
     def _restore(self) -> None:
