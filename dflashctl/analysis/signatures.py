@@ -29,13 +29,13 @@ from dflashctl.model import Signature
 
 ZERO_RUN = 3  # consecutive training losses of exactly 0.0 that make a `zero-loss`
 
-# bash's own translations of its job message "Killed" (its message catalogue, bash.mo, every locale it ships): a
-# shell in a Chinese, German or Korean locale prints `已杀死`, `Abgebrochen (Killed)`, `죽었음` where English prints
-# `Killed` when the kernel's OOM killer ends the program (issue 28: the held-out logs had one).
-BASH_KILLED = ("Killed", "Abgebrochen (Killed)", "Bị giết", "Dibunuh", "Drept", "Dödad", "Geëlimineerd", "Kilőve",
-               "Maraithe", "Matado", "Mort", "Morto", "Morto (Killed)", "Murdu", "Omorât", "Slået ihjel", "Tapettu",
-               "Tué", "Ubijen", "Ucciso", "Unicestwiony", "Uničen", "Zabit", "Zabitý", "Öldürüldü", "Вбитий",
-               "Убит", "Убијен", "已杀死", "強制結束", "죽었음")
+# bash's own translations of its job message "Killed" (its message catalogue, bash.mo): a shell in a Chinese, German or
+# Korean locale prints `已杀死`, `Abgebrochen (Killed)`, `죽었음` where English prints `Killed` when the kernel's OOM
+# killer ends the program (issue 28: the held-out logs had one). The catalogue's all-ASCII words (es `Matado`, it
+# `Ucciso`, pl `Unicestwiony`, …) are left out: each would be one more common-letter anchor for every scan to look for.
+BASH_KILLED = ("Killed", "Abgebrochen (Killed)", "Morto (Killed)", "Bị giết", "Dödad", "Geëlimineerd", "Kilőve",
+               "Omorât", "Slået ihjel", "Tué", "Uničen", "Zabitý", "Öldürüldü", "Вбитий", "Убит", "Убијен", "已杀死",
+               "強制結束", "죽었음")
 # a line that is only that message (markdown bold around it kept: users paste `**Killed**`); spaces stay unescaped so
 # each word is literally in the pattern, as its anchor must be
 _BASH_KILLED_LINE = (r"^[*_]{0,2}(?:"
@@ -170,7 +170,10 @@ RULES: tuple[Rule, ...] = (
             "Lower the learning rate or add warm-up, check for fp16 overflow (use bf16), clip gradients, and "
             "look for empty/invalid batches; resume from the last checkpoint before the NaN.",
         ),
-        lines=(r"(?i:\bloss (?:is|became|went)) (?:NaN|NAN)",),
+        # a message saying so: `Loss is NaN`, detectron2's `Loss became infinite or NaN at iteration=…`, an exception's
+        # `Loss is nan, stopping training` (lower-case only after `Error`: a lower-case anchor costs every scan ~15 %)
+        lines=(r"(?i:\bloss (?:is|became|went|has become)) (?:infinite or )?(?:NaN|NAN)",
+               r"Error: .{0,120}?\b[Ll]oss is nan(?![\w-])"),
         progress_loss=True,
         examples=("step=1201 loss=nan tok/s=1833.0 lr=3.00e-04 acc=0.000", "Loss is NaN at step 1201, stopping",
                   "{'loss': 1.2031, 'grad_norm': nan, 'learning_rate': 1.9e-05, 'epoch': 0.12}"),
@@ -214,7 +217,9 @@ RULES: tuple[Rule, ...] = (
                r"cudaStreamCaptureStatus\w+", r"CUDA error: capturing stream has unjoined work",
                r"CUDA error: operation not permitted on an event last recorded in a capturing stream",
                r"Capture cuda graph failed", r"CUDA_ERROR_STREAM_CAPTURE_\w+",
-               r"(?:" + "|".join(_CAPTURE_ERRORS) + r")"),
+               # after what names CUDA or NCCL on the line (torch's `CUDA error:`, NCCL's `Cuda failure`): a lower-case
+               # anchor of their own would cost every scan ~15 %
+               r"(?:CUDA|NCCL)\b.{0,120}?(?:" + "|".join(_CAPTURE_ERRORS) + r")"),
         examples=("RuntimeError: CUDA error: operation not permitted when stream is capturing",),
     ),
     TRITON_COMPILE,
@@ -291,7 +296,8 @@ ANCHORS: tuple[str, ...] = (
     "StreamCapture", "Capture cuda graph", "when stream is capturing", "PassManager", "DataLoader",
     "Unexpected ", "too short", "ELF", "CppCompile",
     "collect2", "torchinductor_", "compile cache: ", "InvalidCxx", "C compiler", "Python.h", "ld returned",
-    "STREAM_CAPTURE", "captur", "HIP error", *(w for w in BASH_KILLED if "Killed" not in w),
+    "STREAM_CAPTURE", "HIP error",
+    *(w for w in BASH_KILLED if "Killed" not in w),
 )
 
 BY_ID: dict[str, Rule] = {r.signature.id: r for r in RULES}

@@ -35,7 +35,7 @@ def test_every_locale_of_the_catalogue_is_recognised_alone_on_its_line() -> None
         assert _ids(f"{STEPS}{word}\n") == ["host-oom"], word
 
 
-@pytest.mark.parametrize("line", ["Mortgage model: step 3 done", "Tapettu 3 prosessia ennen ajoa, jatketaan",
+@pytest.mark.parametrize("line", ["已杀死 2 个僵尸进程，继续训练", "Убит процес 1234 преди старта, продължаваме",
                                   "the run was not Killed by anyone", "Killed 0 zombie processes before the launch"])
 def test_those_words_inside_an_ordinary_line_are_not_a_kill(line: str) -> None:
     assert _ids(STEPS + line + "\n") == []
@@ -130,4 +130,17 @@ def test_the_same_failures_as_other_layers_word_them(line: str, want: str) -> No
                                   "INFO hip: HIP error checking enabled (AMD_SERIALIZE_KERNEL=3)",
                                   "CUDA_ERROR_NOT_READY polled 3 times, retrying"])
 def test_their_look_alikes_stay_unlabelled(line: str) -> None:
+    assert _ids(STEPS + line + "\n") == []
+
+
+@pytest.mark.parametrize("line", ["FloatingPointError: Loss became infinite or NaN at iteration=4120!",
+                                  "ValueError: Loss is nan, stopping training",
+                                  "FloatingPointError: step 4120: Loss is nan (fp16 overflow?)"])
+def test_a_message_saying_the_loss_went_nan_in_its_other_wordings_is_nan_loss(line: str) -> None:
+    assert _ids(STEPS + line + "\n") == ["nan-loss"]
+
+
+@pytest.mark.parametrize("line", ["NaN check passed for 12 tensors", "the val loss is nano-scale: 3e-9",
+                                  "loss is nan-free after clipping, continuing"])
+def test_lines_that_only_mention_nan_near_a_loss_stay_clean(line: str) -> None:
     assert _ids(STEPS + line + "\n") == []
