@@ -90,6 +90,11 @@ RULES: tuple[Rule, ...] = (
                _BASH_KILLED_LINE, r"(?:^|\s)\d+\s+Killed\s+\S",
                # the kernel's line without its `Out of memory:` head (older kernels, a cgroup's own wording cut)
                r"\bKilled process \d+ \([^)]*\) total-vm:",
+               # signal 9 as other launchers and schedulers say it: accelerate's `died with <Signals.SIGKILL: 9>`, an
+               # IDE's `exit code 137 (interrupted by signal 9: SIGKILL)`, Slurm's OOM kill, Kubernetes' OOMKilled
+               r"<Signals\.SIGKILL: 9>", r"(?i:signal) 9: SIGKILL", r"oom_kill events? in StepId",
+               r"tasks? have been OOM Killed", r"task \d+: Out Of Memory\b",
+               r"(?:[Rr]eason\"?:\s*\"?|\s\d+/\d+\s+)OOMKilled\b",  # a pod's `Reason: OOMKilled`, `kubectl get pods`
                r"(?i:signal) 9 \(SIGKILL\) received by PID",
                r"DataLoader (?:worker|process) \(pid\(?s?\)? ?[\d, ]*\)? ?(?:exited )?is killed by signal: Killed"),
         exc_types=("MemoryError",),
@@ -296,7 +301,7 @@ ANCHORS: tuple[str, ...] = (
     "StreamCapture", "Capture cuda graph", "when stream is capturing", "PassManager", "DataLoader",
     "Unexpected ", "too short", "ELF", "CppCompile",
     "collect2", "torchinductor_", "compile cache: ", "InvalidCxx", "C compiler", "Python.h", "ld returned",
-    "STREAM_CAPTURE", "HIP error",
+    "STREAM_CAPTURE", "HIP error", "Out Of Memory", "StepId",
     *(w for w in BASH_KILLED if "Killed" not in w),
 )
 

@@ -144,3 +144,21 @@ def test_a_message_saying_the_loss_went_nan_in_its_other_wordings_is_nan_loss(li
                                   "loss is nan-free after clipping, continuing"])
 def test_lines_that_only_mention_nan_near_a_loss_stay_clean(line: str) -> None:
     assert _ids(STEPS + line + "\n") == []
+
+
+@pytest.mark.parametrize("line", [
+    "subprocess.CalledProcessError: Command '['/opt/venv/bin/python3', 'sft.py']' died with <Signals.SIGKILL: 9>.",
+    "Process finished with exit code 137 (interrupted by signal 9: SIGKILL)",
+    "slurmstepd: error: Detected 2 oom_kill events in StepId=981.0. Some of your processes may have been killed.",
+    "srun: error: node-a3: task 0: Out Of Memory",
+    "      Reason:       OOMKilled",
+    "trainer-0   0/1     OOMKilled   3 (41s ago)   12m",
+])
+def test_signal_9_and_the_oom_killer_as_launchers_and_schedulers_word_them_are_host_oom(line: str) -> None:
+    assert _ids(STEPS + line + "\n") == ["host-oom"]
+
+
+@pytest.mark.parametrize("line", ["died with <Signals.SIGTERM: 15>.", "signal 15: SIGTERM received, saving checkpoint",
+                                  "memory: OOMKilled pods in namespace ml: 0"])
+def test_other_signals_and_a_zero_count_of_kills_stay_clean(line: str) -> None:
+    assert _ids(STEPS + line + "\n") == []
