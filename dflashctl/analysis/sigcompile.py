@@ -64,7 +64,9 @@ TRITON_COMPILE = Rule(
     ),
     lines=(r"triton\.compiler\.errors\.\w*Error", r"\bPTXASError\b", r"OutOfResources: out of resource",
            r"InductorError: (?:[\w.]+\.)?(?:CompilationError|PTXASError|OutOfResources|MLIRCompilationError)",
-           r"PassManager::run failed", r"triton\.runtime\.errors\.\w+Error"),
+           r"PassManager::run failed", r"triton\.runtime\.errors\.\w+Error",
+           # Triton's own message (`at LINE:COL:`) on a line of its own, as `BackendCompilerFailed … raised:` leaves it
+           r"^(?:[\w.]+\.)?CompilationError: at \d+:\d+:"),
     exc_types=("CompilationError", "PTXASError", "OutOfResources", "MLIRCompilationError"),
     examples=("triton.compiler.errors.CompilationError: at 12:4: error: unsupported type",),
 )

@@ -115,7 +115,9 @@ RULES: tuple[Rule, ...] = (
                r"Heartbeat monitor timed out", r"ProcessGroupNCCL's watchdog got stuck for \d+ seconds",
                r"Some NCCL operations have failed or timed out",
                r"failed to pass monitoredBarrier in \d+ ms",
-               r"DistBackendError: (?!.{0,300}(?:store|ncclUniqueId)).{0,300}?(?i:timed out|timeout)(?! set)"),
+               r"DistBackendError: (?!.{0,300}(?:store|ncclUniqueId)).{0,300}?(?i:timed out|timeout|timing out)"
+               r"(?! set)",
+               r"\bWork ran for \d+ milliseconds before timing out"),
         supersedes=("nccl-error",),  # a DistBackendError that says it timed out is the timeout, not an NCCL fault
         examples=("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, "
                   "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600005 milliseconds before timing out.",
@@ -255,7 +257,9 @@ RULES: tuple[Rule, ...] = (
         lines=(r"DistNetworkError", r"DistStoreError", r"Rendezvous\w*Error", r"EADDRINUSE", r"Address already in use",
                r"The server socket has failed to listen on any local network address",
                r"The client socket has (?:timed out|failed to connect)", r"Timed out initializing process group",
-               r"retrieving ncclUniqueId from \[\d+\] via c10d key-value store.{0,300}(?i:timed? ?out)"),
+               r"retrieving ncclUniqueId from \[\d+\] via c10d key-value store.{0,300}(?i:timed? ?out|"
+               r"connection (?:reset|refused|closed))",
+               r"Timed out after \d+ seconds waiting for clients"),  # the store's server, as a RuntimeError before 2.2
         exc_types=("DistNetworkError", "DistStoreError", "RendezvousTimeoutError", "RendezvousConnectionError",
                    "RendezvousClosedError"),
         examples=("torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
@@ -301,7 +305,7 @@ ANCHORS: tuple[str, ...] = (
     "StreamCapture", "Capture cuda graph", "when stream is capturing", "PassManager", "DataLoader",
     "Unexpected ", "too short", "ELF", "CppCompile",
     "collect2", "torchinductor_", "compile cache: ", "InvalidCxx", "C compiler", "Python.h", "ld returned",
-    "STREAM_CAPTURE", "HIP error", "Out Of Memory", "StepId",
+    "STREAM_CAPTURE", "HIP error", "Out Of Memory", "StepId", "Work ran for", "Timed out after",
     *(w for w in BASH_KILLED if "Killed" not in w),
 )
 

@@ -162,3 +162,24 @@ def test_signal_9_and_the_oom_killer_as_launchers_and_schedulers_word_them_are_h
                                   "memory: OOMKilled pods in namespace ml: 0"])
 def test_other_signals_and_a_zero_count_of_kills_stay_clean(line: str) -> None:
     assert _ids(STEPS + line + "\n") == []
+
+
+@pytest.mark.parametrize(("line", "want"), [
+    ("RuntimeError: Timed out after 901 seconds waiting for clients. 3/4 clients joined.", "distributed-init"),
+    ("torch.distributed.DistBackendError: [3] is setting up NCCL communicator and retrieving ncclUniqueId from [0] "
+     "via c10d key-value store by key '0', but store->get('0') got error: Connection reset by peer",
+     "distributed-init"),
+    ("torch._C._distributed_c10d.DistBackendError: [Rank 5]: Work ran for 1800021 milliseconds before timing out.",
+     "nccl-timeout"),
+    ("CompilationError: at 14:22:", "triton-compile"),
+])
+def test_the_store_the_watchdog_and_triton_in_their_other_wordings(line: str, want: str) -> None:
+    """(A DistBackendError is nccl-error too by its type, as before: only that the store's failure is named is new.)"""
+    assert want in _ids(line + "\n")
+
+
+@pytest.mark.parametrize("line", ["INFO: waiting for clients: 3/4 joined after 12 seconds",
+                                  "Work ran for 1200 steps before the first eval",
+                                  "autotune: config 3 hit a CompilationError: at 14:22: skipped, 7 configs left"])
+def test_their_look_alikes_stay_clean(line: str) -> None:
+    assert _ids(STEPS + line + "\n") == []
