@@ -310,7 +310,7 @@ def _cell(text: str) -> str:
 
 
 def markdown() -> list[str]:
-    """The "GPU health findings" section of docs/failures.md (signatures.markdown appends it)."""
+    """The "GPU health findings" section of docs/failures.md (failuredocs.markdown appends it)."""
     out = ["", "## GPU health findings", "",
            "`dflashctl` reports these per GPU (`gpu` is the index; null for an Xid whose PCI address matches no GPU "
            "the probe saw). The ids are part of the JSON contract. `action` is one of `restart the program`, "

@@ -197,7 +197,7 @@ def ranges(indices: Iterable[int]) -> str:
 
 
 def markdown(t: Thresholds = Thresholds()) -> list[str]:
-    """The stall shapes' section of docs/failures.md (signatures.markdown appends it)."""
+    """The stall shapes' section of docs/failures.md (failuredocs.markdown appends it)."""
     how = {
         IDLE_HELD: f"every GPU holding ≥ {t.allocated_mib:.0f} MiB at ≤ {t.idle_util_pct:g} % utilisation in every "
                    f"sample of the GPU window ({t.idle_window_s:.0f} s); the run is `stalled` once no new step came "

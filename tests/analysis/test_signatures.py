@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl.analysis import signatures
+from dflashctl.analysis import failuredocs, signatures
 from dflashctl.analysis.health import active_hits
 from dflashctl.analysis.logscan import scan
 
@@ -95,14 +95,14 @@ def test_nan_loss_is_active_while_the_last_loss_is_nan() -> None:
 
 def test_docs_failures_md_is_generated_from_the_table() -> None:
     committed = (ROOT / "docs" / "failures.md").read_text()
-    assert committed == signatures.markdown(), (
-        "docs/failures.md is stale: run `python -m dflashctl.analysis.signatures --markdown > docs/failures.md`")
+    assert committed == failuredocs.markdown(), (
+        "docs/failures.md is stale: run `python -m dflashctl.analysis.failuredocs --markdown > docs/failures.md`")
 
 
 def test_markdown_generator_command() -> None:
-    out = subprocess.run([sys.executable, "-m", "dflashctl.analysis.signatures", "--markdown"],
+    out = subprocess.run([sys.executable, "-m", "dflashctl.analysis.failuredocs", "--markdown"],
                          capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout == signatures.markdown()
+    assert out.stdout == failuredocs.markdown()
     for sid in DESIGN_IDS:
         assert f"## {sid}" in out.stdout
 
