@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflashctl.agent.lib.flightrec import Behind, behind_from_doc
+from dflashctl.agent.lib.flightrec import Behind, behind_from_record
 from dflashctl.agent.lib.frame import PROBE_VERSION
 from dflashctl.agent.lib.runmeta import RunMeta
 from dflashctl.errors import RemoteFailed
@@ -218,7 +218,7 @@ def parse_flight_recorder(doc: Mapping[str, Any]) -> FlightRecorderReport:
     behind = []
     for b in _list(doc.get("behind")):
         try:
-            behind.append(behind_from_doc(b))
+            behind.append(behind_from_record(b))
         except (TypeError, ValueError, KeyError, AttributeError):
             continue
     return FlightRecorderReport(

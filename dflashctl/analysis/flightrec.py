@@ -12,7 +12,7 @@ from dflashctl.agent.lib.flightrec import (
     Collective,
     DumpError,
     RankTrace,
-    behind_from_doc,
+    behind_from_record,
     dump_rank,
     find_behind,
     load_dump,
@@ -20,7 +20,7 @@ from dflashctl.agent.lib.flightrec import (
 )
 from dflashctl.agent.lib.flightrec_env import DUMP_DIR
 
-__all__ = ["DUMP_DIR", "Behind", "Collective", "DumpError", "RankTrace", "behind", "behind_from_doc", "load",
+__all__ = ["DUMP_DIR", "Behind", "Collective", "DumpError", "RankTrace", "behind", "behind_from_record", "load",
            "parse", "rank_of"]
 
 rank_of = dump_rank

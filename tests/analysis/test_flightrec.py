@@ -234,7 +234,7 @@ def test_the_line_says_which_ranks_wait_in_the_right_number() -> None:
     b = flightrec.Behind("0", "default_pg", 5, "all_reduce", (0, 2, 3), (1,), {1: None})
     assert b.line() == ("rank 1 behind: never entered all_reduce #5 of process group default_pg, where ranks 0, 2, 3 "
                         "wait (rank 1 recorded none)")
-    assert flightrec.behind_from_doc(b.to_doc()) == b
+    assert flightrec.behind_from_record(b.to_record()) == b
 
 
 def test_the_recorders_verdict_follows_the_cause_when_the_log_names_one(dumps: Path, tmp_path: Path) -> None:

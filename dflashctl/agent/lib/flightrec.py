@@ -82,16 +82,16 @@ class Behind:
                    else f"rank {self.waiting[0]} waits" if self.waiting else "no rank waits")
                 + (f" ({lasts})" if lasts else ""))
 
-    def to_doc(self) -> dict[str, Any]:
-        """As JSON (the probe's reply; `behind_from_doc` reads it back)."""
+    def to_record(self) -> dict[str, Any]:
+        """As JSON (the probe's reply; `behind_from_record` reads it back)."""
         return {"pg": self.pg, "pg_name": self.pg_name, "seq": self.seq, "op": self.op, "waiting": list(self.waiting),
                 "behind": list(self.behind),
                 "last": [[r, None if c is None else {"seq": c.seq, "op": c.op, "state": c.state}]
                          for r, c in self.last.items()]}
 
 
-def behind_from_doc(doc: Mapping[str, Any]) -> Behind:
-    """A Behind from its `to_doc()`; ValueError/TypeError/KeyError for a doc that is not one."""
+def behind_from_record(doc: Mapping[str, Any]) -> Behind:
+    """A Behind from its `to_record()`; ValueError/TypeError/KeyError for a doc that is not one."""
     last: dict[int, Collective | None] = {}
     for r, c in doc.get("last") or ():
         last[int(r)] = None if c is None else Collective(int(c["seq"]), str(c["op"]), str(c.get("state") or ""))

@@ -86,4 +86,4 @@ def flight_dumps(run_dir: str) -> dict | None:
         del _FR_SEEN[gone]
     return {"dir": folder, "dumps": len(traces), "ranks": [t.rank for t in traces],
             "newest": max(st.st_mtime for _, _, st in files), "skipped_count": len(skipped),
-            "skipped": skipped[:FR_SKIPPED_MAX], "behind": [b.to_doc() for b in find_behind(traces)][:16]}
+            "skipped": skipped[:FR_SKIPPED_MAX], "behind": [b.to_record() for b in find_behind(traces)][:16]}
