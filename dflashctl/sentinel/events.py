@@ -14,7 +14,8 @@ that moment, "message": one line for a person, …kind's own fields}. Kind field
                    "stall_remedy"}                              each time the verdict becomes stalled, and again
                                                                when the GPUs show its shape
   stacks          {"path", "reason", "dumped", "processes": [{"pid", "role", "method", "threads", "error"}],
-                   "capture_dir", "capture": {"dir", "stacks": [{"pid", "rank", "file", …}], "dumps", …}}
+                   "capture_dir", "capture": {"dir", "stacks": [{"pid", "rank", "file", …}], "dumps", …},
+                   "flight_recorder": [who is behind where, as status says it] (when the dumps name one)}
                                                                once per stall, and once on a collective timeout:
                                                                what every thread does, kept with the flight
                                                                recorder's dumps (agent/lib/captures.py)

@@ -24,9 +24,11 @@ import sys
 import threading
 import time
 
+from dflashctl.agent.lib.flightrec import behind_from_record
 from dflashctl.agent.lib.fsutil import read_json, try_write, write_atomic
 from dflashctl.agent.lib.procfs import MARKER
 from dflashctl.agent.lib.reaping import end_group
+from dflashctl.agent.probe.flightdumps import flight_dumps
 from dflashctl.agent.probe.gpus import GpuReader
 from dflashctl.agent.probe.main import report
 from dflashctl.agent.probe.request import ProbeRequest
@@ -47,6 +49,16 @@ FLUSH_S = 5.0  # of which the last notifications may take this long
 STOP_GRACE_S = 30.0  # a policy stop: SIGTERM, this long, then SIGKILL (as `dflashctl stop`)
 READ_MAX = 4 << 20  # log bytes per read: a burst is read in several passes, memory stays bounded
 
+
+
+def recorder_verdict(run_dir: str) -> list[str]:
+    """Who is behind where, from the run's newest set of flight-recorder dumps (the capture just saved), as `status`
+    says it; [] when they name no one or cannot be read (a capture never fails for it)."""
+    try:
+        doc = flight_dumps(run_dir) or {}
+        return [behind_from_record(b).line() for b in doc.get("behind") or ()][:4]
+    except Exception:  # noqa: BLE001 - a dump mid-write or malformed: the capture is still reported
+        return []
 
 class Sentinel:
     def __init__(self, run_dir: str, run_id: str, spec: SentinelSpec, gpu_health: dict | None = None) -> None:
@@ -150,6 +162,10 @@ class Sentinel:
             where += (f"; with {len(kept.get('dumps') or ())} flight-recorder dump(s)"
                       + (f" and the stacks of rank(s) {','.join(map(str, ranks))}" if ranks else "")
                       + f" in {kept['dir']}")
+            behind = recorder_verdict(self.run_dir) if kept.get("dumps") else []
+            if behind:
+                where += "; flight recorder: " + "; ".join(behind)
+                got = dict(got, flight_recorder=behind)
         elif kept.get("error"):
             where += f"; no capture folder ({kept['error']})"
         self.append(Event(time.time(), "stacks", self.run_id, view.health.verdict.value,

@@ -260,3 +260,14 @@ def test_the_recorders_verdict_follows_the_cause_when_the_log_names_one(dumps: P
     flight = next(i for i, ln in enumerate(lines) if ln.startswith("flight recorder: rank 1 behind"))
     why = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("why:"))
     assert cause == 1 and cause < flight < why, lines
+
+
+def test_the_sentinels_capture_says_who_is_behind_from_the_dumps_it_saved(dumps: Path, tmp_path: Path) -> None:
+    from dflashctl.sentinel.main import recorder_verdict
+
+    run = _workspace_run(tmp_path)
+    assert recorder_verdict(str(run)) == []  # no dumps: nothing to say, and no error
+    _put(run, dumps, "../captures/1-20261203-130500/flightrec")
+    assert recorder_verdict(str(run)) == [
+        "rank 1 behind: never entered all_reduce #5 of process group default_pg, where rank 0 waits "
+        "(rank 1's last: broadcast #4)"]
