@@ -31,7 +31,9 @@ _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)\b"
 _KV_RE = re.compile(rf"(?<![\w/.])['\"]?([A-Za-z_][\w./-]*?)['\"]?\s*[=:]\s*['\"]?({_NUM})", re.IGNORECASE)
 _EVAL_RE = re.compile(r"\s*eval\b", re.IGNORECASE)  # the trainer's `eval step=100 acc_len=6.81 …` (PeriodicEval)
 # `loss 2.3`, and the total's own names hand-written loggers print the same way (`loss_total nan`, `train_loss 2.3`)
-_SPACED_RE = re.compile(rf"\b(step|iter|loss|epoch|batch|loss_total|total_loss|train_loss)\s+({_NUM})", re.IGNORECASE)
+# (also as a bracketed field name: loguru-style `| [Loss] nan | … | [step]   164 |`)
+_SPACED_RE = re.compile(rf"\b(step|iter|loss|epoch|batch|loss_total|total_loss|train_loss)\]?\s+({_NUM})",
+                        re.IGNORECASE)
 _GRAD_NORM_RE = re.compile(rf"\bgrad[ _]norm\s*[=:]\s*({_NUM})", re.IGNORECASE)  # Megatron's `grad norm: nan`
 _OF_TOTAL_RE = re.compile(  # `iteration  100/ 1000`, `Step 120/1000`, `[step 5/50]`, mmengine `[1][250/735]`
     r"(?:\b(?:iteration|step|iter|batch)s?\s*[=:]?\s*\[?\s*|Epoch(?:\(train\))?:?\s*\[\s*\d+\s*\]\s*\[\s*)(\d+)\s*/\s*(\d+)\b",
@@ -39,7 +41,7 @@ _OF_TOTAL_RE = re.compile(  # `iteration  100/ 1000`, `Step 120/1000`, `[step 5/
 _BAR_RE = re.compile(  # n/total [elapsed<eta, rate unit(, postfix)] — the postfix may be cut at the line's end
     r"(?:^|\r|[^\d/])(\d+)/(\d+)\s*\[(\d[\d:]*)<(\?|\d[\d:]*),\s*(\?|[\d.]+)\s*([A-Za-z]+/s|s/[A-Za-z]+)"
     r"(?:,\s*([^\]]*))?(?:\]|$)")
-_BAR_DESC_OK = re.compile(r"epoch|train|step|iter|batch", re.IGNORECASE)
+_BAR_DESC_OK = re.compile(r"epoch|train|step|iter|batch|loss", re.IGNORECASE)  # trlx: `[losses/total_loss: 1.3 | …]:`
 # Cheap necessary conditions, checked before the regexes they guard (a scan parses a thousand lines at a time):
 # _OF_TOTAL_RE needs a digit, `/`, a digit; _GRAD_NORM_RE the word grad in any case.
 _DIGIT_SLASH_RE = re.compile(r"\d\s*/\s*\d")

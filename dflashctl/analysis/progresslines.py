@@ -36,6 +36,7 @@ class ProgressLines:
     last_finite_loss_line: int | None
     last_nonzero_loss_line: int | None
     _zero_run: int
+    _norm_nan: bool  # the latest grad_norm was NaN/inf: a line without one (cut, or loss-only) heals nothing
 
     def _hit(self, hit: SignatureHit) -> None:
         """Keep a signature hit (LogScanner's bookkeeping)."""
@@ -85,7 +86,9 @@ class ProgressLines:
             self.progress.append(p)
             self._out.append(p)
             loss, norm = p.values.get("loss"), p.values.get("grad_norm")
-            if loss is not None and math.isfinite(loss) and (norm is None or math.isfinite(norm)):
+            if norm is not None:
+                self._norm_nan = not math.isfinite(norm)
+            if loss is not None and math.isfinite(loss) and not self._norm_nan:
                 self.last_finite_loss_line = p.line
             if any(v is not None and not math.isfinite(v) for v in (loss, norm)):
                 for rule in signatures.LOSS_RULES:

@@ -107,7 +107,8 @@ RULES: tuple[Rule, ...] = (
             "Find the rank that stopped first (its log ends earliest); set `TORCH_NCCL_ASYNC_ERROR_HANDLING=1` "
             "so hangs fail fast, and `NCCL_DEBUG=INFO` to see which collective hung.",
         ),
-        lines=(r"Watchdog caught collective operation timeout", r"NCCL\b.{0,80}\b(?i:time[d ]?out)\b(?! set)",
+        lines=(r"Watchdog caught collective\b",  # the watchdog catches nothing else; a log cut mid-word says it too
+               r"NCCL\b.{0,80}\b(?i:time[d ]?out)\b(?! set)",
                r"ProcessGroupNCCL.{0,120}Timeout\(ms\)=",
                r"Timed out waiting \d+ ?ms for (?:recv|send) operation to complete",  # gloo
                r"Heartbeat monitor timed out", r"ProcessGroupNCCL's watchdog got stuck for \d+ seconds",
@@ -200,7 +201,10 @@ RULES: tuple[Rule, ...] = (
             "Install the missing package into the container's Python (the one in hosts.toml `python`), or "
             "redeploy with `dflashctl deploy`; check that the trainer's extras (torch) match.",
         ),
-        lines=(r"^(?:ModuleNotFoundError|ImportError): ",),
+        # transformers' lazy-import wrapper re-raises the ImportError as `RuntimeError: Failed to import
+        # transformers.models.x because of the following error (look up to see its traceback):` (issue 28)
+        lines=(r"^(?:ModuleNotFoundError|ImportError): ",
+               r"Error: Failed to import [\w.]+ because of the following error"),
         exc_types=("ModuleNotFoundError", "ImportError"),
         examples=("ModuleNotFoundError: No module named 'flash_attn'",),
     ),

@@ -44,6 +44,14 @@ BARE_EXC_RE = re.compile(
     r"|(?<![\w.])Exception(?=: \S)))"
     r"(?::(?: (.*))?$|(?<=Error)$|(?<=Exception)$)"  # `…errors.CompilationError` alone: its message was cut off
 )
+
+
+def _cut_name(m: re.Match[str]) -> bool:
+    """An exception line cut inside its dotted path (`torch.distr` where the excerpt stopped): no colon, and the last
+    part not a class name (exception classes are CamelCase; a module path's parts are lower-case)."""
+    return m.group(2) is None and ":" not in m.group(0) and m.group(1).rsplit(".", 1)[-1][:1].islower()
+
+
 # C++: `terminate called after throwing an instance of 'c10::DistBackendError'` (then `  what():  …`)
 TERMINATE_RE = re.compile(r"terminate called after throwing an instance of '([\w:<>]+)'")
 _LOGREC_RE = re.compile(
@@ -215,7 +223,7 @@ class TracebackAssembly(ThreadHeaders):
                 tb.add(n, t)
                 return "consumed"
             em = _EXC_RE.match(t)
-            if em:
+            if em and not _cut_name(em):
                 tb.excs.append((em.group(1), em.group(2), n))
                 tb.state, tb.continuation = "exc", 0
                 tb.add(n, t)
