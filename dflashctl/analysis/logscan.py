@@ -103,7 +103,7 @@ class LogScanner(TracebackAssembly, ProgressLines):
         self.workers = WorkerTracker()
         self.last_nonzero_loss_line: int | None = None
         self._zero_run = 0
-        self._norm_nan = False
+        self._nan_open: set[str] = set()
         # one traceback state per stream: ranks' tracebacks interleave line by line (`[rank3]: …`, `[rank1]: …`)
         self._streams: dict[int | None, tuple[OpenTraceback | None, deque[Header], int | None, int]] = {}
         self._key: int | None = None

@@ -41,6 +41,8 @@ _OF_TOTAL_RE = re.compile(  # `iteration  100/ 1000`, `Step 120/1000`, `[step 5/
 _BAR_RE = re.compile(  # n/total [elapsed<eta, rate unit(, postfix)] — the postfix may be cut at the line's end
     r"(?:^|\r|[^\d/])(\d+)/(\d+)\s*\[(\d[\d:]*)<(\?|\d[\d:]*),\s*(\?|[\d.]+)\s*([A-Za-z]+/s|s/[A-Za-z]+)"
     r"(?:,\s*([^\]]*))?(?:\]|$)")
+# an epoch's aggregate of the total (`Mean Training loss : nan`, `avg_loss=nan`), not a named part (`mean center loss`)
+_MEAN_LOSS_RE = re.compile(r"\b(?:[Mm]ean|[Aa]vg|[Aa]verage)[ _](?:[Tt]rain(?:ing)?[ _])?[Ll]oss\s*[=:]")
 _BAR_DESC_OK = re.compile(r"epoch|train|step|iter|batch|loss", re.IGNORECASE)  # trlx: `[losses/total_loss: 1.3 | …]:`
 # Cheap necessary conditions, checked before the regexes they guard (a scan parses a thousand lines at a time):
 # _OF_TOTAL_RE needs a digit, `/`, a digit; _GRAD_NORM_RE the word grad in any case.
@@ -175,6 +177,8 @@ def parse_progress(text: str, line: int, user: re.Pattern[str] | None = None) ->
             values["step"] = values[alias]
     if "loss" not in values and not ("step" in values and len(values) > 1):
         return None
+    if "loss" in values and "loss_mean" not in values and _MEAN_LOSS_RE.search(text):
+        values["loss_mean"] = values["loss"]  # `Mean Training loss : nan`: a later step's finite loss does not heal it
     return ProgressPoint(line=line, values=values, kind="eval" if _EVAL_RE.match(text) else "train")
 
 

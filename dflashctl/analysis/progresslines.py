@@ -36,7 +36,7 @@ class ProgressLines:
     last_finite_loss_line: int | None
     last_nonzero_loss_line: int | None
     _zero_run: int
-    _norm_nan: bool  # the latest grad_norm was NaN/inf: a line without one (cut, or loss-only) heals nothing
+    _nan_open: set[str]  # grad_norm / an epoch's mean loss whose latest value was NaN: only its own finite value heals
 
     def _hit(self, hit: SignatureHit) -> None:
         """Keep a signature hit (LogScanner's bookkeeping)."""
@@ -86,11 +86,13 @@ class ProgressLines:
             self.progress.append(p)
             self._out.append(p)
             loss, norm = p.values.get("loss"), p.values.get("grad_norm")
-            if norm is not None:
-                self._norm_nan = not math.isfinite(norm)
-            if loss is not None and math.isfinite(loss) and not self._norm_nan:
+            mean = p.values.get("loss_mean")
+            for key, v in (("grad_norm", norm), ("loss_mean", mean)):
+                if v is not None:
+                    (self._nan_open.discard if math.isfinite(v) else self._nan_open.add)(key)
+            if loss is not None and math.isfinite(loss) and not self._nan_open:
                 self.last_finite_loss_line = p.line
-            if any(v is not None and not math.isfinite(v) for v in (loss, norm)):
+            if any(v is not None and not math.isfinite(v) for v in (loss, norm, mean)):
                 for rule in signatures.LOSS_RULES:
                     self._hit(SignatureHit(rule.signature, p.line, _evidence(p, text)))
             if loss is not None and p.kind == "train":

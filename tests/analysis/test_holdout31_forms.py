@@ -111,3 +111,19 @@ def test_the_third_held_out_set_is_well_formed_big_enough_and_labelled_with_know
     assert not {s: d["labels"] for s, d in docs.items() if set(d["labels"]) - set(signatures.BY_ID)}
     assert all(d["source"].startswith("https://github.com/") for d in docs.values())
     assert all(not (d["labels"] or d["final_exception"] or d["workers"]) for d in docs.values() if d["healthy"])
+
+
+def _epochs(mean: str) -> str:
+    return "".join(f"Epoch {e}: 100%|██████████| 120/120 [00:40<00:00,  3.00it/s, loss=0.{e}1]\n"
+                   f"Average training loss: {mean}\nmean box loss : 0.{e}2 mean cls loss : 0.{e}3\n" for e in range(3))
+
+
+def test_an_epochs_mean_loss_at_nan_is_not_healed_by_later_per_step_losses() -> None:
+    log = _epochs("nan") + "Epoch 3: 100%|██████████| 120/120 [00:40<00:00,  3.00it/s, loss=0.41]\n"
+    assert _ids(log) == ["nan-loss"]
+
+
+def test_an_epochs_mean_loss_that_is_finite_again_heals_it_and_named_parts_are_not_the_mean() -> None:
+    assert _ids(_epochs("nan") + "Average training loss: 0.35\n") == []
+    assert _ids(_epochs("0.5")) == []
+    assert "loss_mean" not in parse_progress("mean center loss : 2638.17 mean orient loss : 19.7", 1).values
