@@ -39,7 +39,7 @@ _SRUN_RE = re.compile(r"srun: error: \S+: tasks? (\d+)(?:-\d+)?: (?:Exited with 
                       r"fault))")
 _MPI_FIRST = "The first process to do so was"  # mpirun: `Process name: [[50371,1],0]` follows
 _MPI_NAME_RE = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]")
-_WATCHDOG_RE = re.compile(r"Watchdog caught collective operation timeout|Exception \(either an error or timeout\) "
+_WATCHDOG_RE = re.compile(r"Watchdog caught collective\b|Exception \(either an error or timeout\) "
                           r"detected by watchdog")
 SIGKILL_CODES = (-9, 137)
 SIGSEGV_CODES = (-11, 139)

@@ -127,3 +127,8 @@ def test_an_epochs_mean_loss_that_is_finite_again_heals_it_and_named_parts_are_n
     assert _ids(_epochs("nan") + "Average training loss: 0.35\n") == []
     assert _ids(_epochs("0.5")) == []
     assert "loss_mean" not in parse_progress("mean center loss : 2638.17 mean orient loss : 19.7", 1).values
+
+
+def test_the_rank_of_a_watchdog_line_cut_mid_word_is_named() -> None:
+    log = STEPS + "[rank6]:[E1201 10:00:00.000 ProcessGroupNCCL.cpp:616] [Rank 6] Watchdog caught collective ope\n"
+    assert [name for _, name in scan(log.encode()).crashed_workers()] == ["rank6"]
