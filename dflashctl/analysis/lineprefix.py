@@ -30,6 +30,7 @@ _RECORD_RE = re.compile(
     r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL):[\w.]*:(?=\S)"  # python logging's default LEVEL:name:
     # vLLM / SGLang: `ERROR 03-25 12:23:00 [x.py:4] …`
     r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?= \d\d-\d\d | \[)"
+    r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL) \d+(?= \[)"  # `%(levelname)s %(process)d [file.py:64]`
     r"|\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?|(?:stdout|stderr) [FP](?= )|> )(?: -)? ?"  # CRI: `<time> stderr F …`
 )
 _RANK_TAG_RE = re.compile(r"\[(?:PG \d+(?: [^\]]*?)? )?Rank (\d+)\]")  # `[Rank 3] Watchdog …`, `[PG 1 Rank 0]`

@@ -41,7 +41,6 @@ from dflashctl.analysis.progresslines import ProgressLines
 from dflashctl.analysis.rawlines import NextSpecial, clean, next_special
 from dflashctl.analysis.threadheaders import FRAG, HEADER_RE, HEADER_TTL, NAME_BEFORE_FRAME_RE, NAME_RE, Header
 from dflashctl.analysis.tracebacks import (
-    BARE_EXC_RE,
     MAX_CONTINUATION,
     MAX_TB_LINES,
     TB_START,
@@ -50,6 +49,7 @@ from dflashctl.analysis.tracebacks import (
     OpenTraceback,
     Traceback,
     TracebackAssembly,
+    bare_exception,
     copy_open,
 )
 from dflashctl.analysis.workers import WorkerTracker, signal_kind
@@ -221,6 +221,8 @@ class LogScanner(TracebackAssembly, ProgressLines):
 
     def _line(self, n: int, raw: bytes) -> None:
         text = clean(raw)
+        if text.endswith("^M"):  # a `\r` as an editor or terminal shows it, copied as two characters
+            text = text[:-2]
         if "\r" in text:
             for seg in text.split("\r"):
                 if seg.strip():
@@ -289,7 +291,7 @@ class LogScanner(TracebackAssembly, ProgressLines):
             self._segment(n, t)
 
     def _plain(self, n: int, t: str) -> None:
-        m = BARE_EXC_RE.match(t) or TERMINATE_RE.search(t)
+        m = bare_exception(t) or TERMINATE_RE.search(t)
         if m:
             self._open_bare(n, t, m)
             return

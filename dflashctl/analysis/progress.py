@@ -32,11 +32,15 @@ _KV_RE = re.compile(rf"(?<![\w/.])['\"]?([A-Za-z_][\w./-]*?)['\"]?\s*[=:]\s*['\"
 _EVAL_RE = re.compile(r"\s*eval\b", re.IGNORECASE)  # the trainer's `eval step=100 acc_len=6.81 …` (PeriodicEval)
 # `loss 2.3`, and the total's own names hand-written loggers print the same way (`loss_total nan`, `train_loss 2.3`)
 # (also as a bracketed field name: loguru-style `| [Loss] nan | … | [step]   164 |`)
-_SPACED_RE = re.compile(rf"\b(step|iter|loss|epoch|batch|loss_total|total_loss|train_loss)\]?\s+({_NUM})",
-                        re.IGNORECASE)
+# (a counter's name after a `/` is a unit: fairseq's `words/batch    906` is a size, not a step)
+_SPACED_RE = re.compile(
+    rf"((?<![\w/])(?:step|iter|epoch|batch)|\b(?:loss|loss_total|total_loss|train_loss))\]?\s+({_NUM})", re.IGNORECASE)
 _GRAD_NORM_RE = re.compile(rf"\bgrad[ _]norm\s*[=:]\s*({_NUM})", re.IGNORECASE)  # Megatron's `grad norm: nan`
-_OF_TOTAL_RE = re.compile(  # `iteration  100/ 1000`, `Step 120/1000`, `[step 5/50]`, mmengine `[1][250/735]`
-    r"(?:\b(?:iteration|step|iter|batch)s?\s*[=:]?\s*\[?\s*|Epoch(?:\(train\))?:?\s*\[\s*\d+\s*\]\s*\[\s*)(\d+)\s*/\s*(\d+)\b",
+# `iteration  100/ 1000`, `Step 120/1000`, `[step 5/50]`, mmengine `Iter(train) [ 580/2046]` and `[1][250/735]`,
+# fairseq `epoch 001:    650 / 1891` and `| epoch 010 |  3000 / 8223` (the position in the epoch; never `(val)`)
+_OF_TOTAL_RE = re.compile(
+    r"(?:\b(?:iteration|step|iter|batch)s?(?:\(train\))?\s*[=:]?\s*\[?\s*|Epoch(?:\(train\))?:?\s*\[\s*\d+\s*\]\s*\[\s*"
+    r"|\bepoch\s+\d+\s*[:|]?\s+)(\d+)\s*/\s*(\d+)\b",
     re.IGNORECASE)
 _BAR_RE = re.compile(  # n/total [elapsed<eta, rate unit(, postfix)] — the postfix may be cut at the line's end
     r"(?:^|\r|[^\d/])(\d+)/(\d+)\s*\[(\d[\d:]*)<(\?|\d[\d:]*),\s*(\?|[\d.]+)\s*([A-Za-z]+/s|s/[A-Za-z]+)"

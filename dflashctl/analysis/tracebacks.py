@@ -52,6 +52,20 @@ def _cut_name(m: re.Match[str]) -> bool:
     return m.group(2) is None and ":" not in m.group(0) and m.group(1).rsplit(".", 1)[-1][:1].islower()
 
 
+# pytest's short summary: `FAILED tests/x.py::test_y - torch.OutOfMemoryError: CUDA out of memory …` names the
+# exception after ` - ` (`ERROR tests/x.py - ModuleNotFoundError: …` too); a bare `PASSED …`/`ERROR tests/x.py` does not
+PYTEST_SUMMARY_RE = re.compile(r"^(?:FAILED|ERROR) \S+ - ")
+
+
+def bare_exception(t: str) -> re.Match[str] | None:
+    """An exception line with no traceback above it: the line itself, or the part of a pytest summary line after
+    its ` - `."""
+    m = BARE_EXC_RE.match(t)
+    if m is None and t[:1] in "FE" and (ps := PYTEST_SUMMARY_RE.match(t)):
+        m = BARE_EXC_RE.match(t[ps.end():])
+    return m
+
+
 # C++: `terminate called after throwing an instance of 'c10::DistBackendError'` (then `  what():  …`)
 TERMINATE_RE = re.compile(r"terminate called after throwing an instance of '([\w:<>]+)'")
 _LOGREC_RE = re.compile(
@@ -240,7 +254,7 @@ class TracebackAssembly(ThreadHeaders):
             self._split(n, t)
             return "consumed"
         if (parse_progress(t, n) is not None or _LOGREC_RE.match(t) or END_RE.match(t) or _FOREIGN_RE.match(t)
-                or tb.continuation >= MAX_CONTINUATION):
+                or PYTEST_SUMMARY_RE.match(t) or tb.continuation >= MAX_CONTINUATION):
             self._close()
             return "closed"
         tb.continuation += 1
