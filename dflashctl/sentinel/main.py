@@ -45,7 +45,8 @@ from dflashctl.sentinel.notify import Notifier
 from dflashctl.sentinel.policy import Decision, PolicyState
 
 END_WAIT_S = 8.0  # the supervisor waits this long for the sentinel's end (exit_code waits on it)
-FLUSH_S = 5.0  # of which the last notifications may take this long
+FLUSH_S = 5.0  # of which the GPU re-check before a restart and the last notifications may take this long together
+RECHECK_S = 4.0  # at most this of it for the GPU re-check
 STOP_GRACE_S = 30.0  # a policy stop: SIGTERM, this long, then SIGKILL (as `dflashctl stop`)
 READ_MAX = 4 << 20  # log bytes per read: a burst is read in several passes, memory stays bounded
 
@@ -174,14 +175,26 @@ class Sentinel:
 
     def gpus_for_restart(self, why: str, final: StatusView) -> tuple[str | None, dict | None]:
         """--exclude-unhealthy-gpus: the GPUs the next attempt gets (restart.json `gpus`), or no restart and an
-        event (notified) that says which GPUs and why. A check that fails to run leaves the restart as it was."""
+        event (notified) that says which GPUs and why. A check that fails to run, or does not answer within
+        RECHECK_S (nvidia-smi hangs after an Xid 79; the supervisor ends a sentinel END_WAIT_S after the run), leaves
+        the restart as it was."""
         if not self.gpu_health or not self.gpu_health.get("pool"):
             return why, None
         attempt = self.spec.attempt + 1
-        try:
-            check = recheck(self.gpu_health, self.gpu_reader)
-        except Exception as e:  # noqa: BLE001 - a broken reading must not cost the restart
-            sys.stderr.write(f"[sentinel] GPU re-check before attempt {attempt} failed: {type(e).__name__}: {e}\n")
+        got: list = []
+
+        def check_now() -> None:
+            try:
+                got.append(recheck(self.gpu_health, self.gpu_reader))
+            except Exception as e:  # noqa: BLE001 - a broken reading must not cost the restart
+                got.append(f"{type(e).__name__}: {e}")
+
+        t = threading.Thread(target=check_now, daemon=True, name="gpu-recheck")
+        t.start()
+        t.join(RECHECK_S)
+        check = got[0] if got else f"no answer within {RECHECK_S:g} s"
+        if isinstance(check, str):
+            sys.stderr.write(f"[sentinel] GPU re-check before attempt {attempt} failed: {check}\n")
             return why, None
         if check.exclusion.refused is None:
             return why, check.to_record()
@@ -223,13 +236,14 @@ class Sentinel:
         self.handle(final)
         gpus = None
         why = restart_why(spec.restart, spec.attempt, final, self.exit_code)
+        checked = time.monotonic()
         if why is not None:
             why, gpus = self.gpus_for_restart(why, final)
-        self.notifier.flush(FLUSH_S)
-        if why is not None:
+        if why is not None:  # the decision first: the notifications get what is left of the supervisor's wait
             write_atomic(os.path.join(self.run_dir, "restart.json"), json.dumps(
                 {"attempt": spec.attempt + 1, "why": why, "verdict": final.health.verdict.value,
                  "exit_code": self.exit_code, **({"gpus": gpus} if gpus is not None else {})}).encode())
+        self.notifier.flush(max(0.5, FLUSH_S - (time.monotonic() - checked)))
         self.notifier.close()
         self.gpu_reader.close()
         return 0
