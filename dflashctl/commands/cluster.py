@@ -17,7 +17,7 @@ from dflashctl.commands import deploy as deploy_cmd
 from dflashctl.commands import launch as launch_cmd
 from dflashctl.commands import stop as stop_cmd
 from dflashctl.commands.fanout import fan_out
-from dflashctl.commands.launch_gpus import HINT_RESET, GpusRefused, node_refusals
+from dflashctl.commands.launch_gpus import node_refusals
 from dflashctl.commands.program import LaunchOptions, program_argv
 from dflashctl.config import Inventory
 from dflashctl.errors import ConfigError, DflashError, ExitCode
@@ -115,10 +115,9 @@ def launch(inv: Inventory, cluster: Cluster, opts: LaunchOptions, connect: Calla
         _reachable(cluster, targets)
         _port_free(cluster, targets[0])
         if opts.exclude_unhealthy_gpus:  # every node's GPUs judged before any starts (each launch applies it)
-            refused = node_refusals(targets, dict(opts.env), lambda i: torchrun_args(cluster, i, addr))
-            if refused:
-                raise GpusRefused(f"cluster {cluster.name}: {'; '.join(refused)} (nothing launched on any host)",
-                                  hint=HINT_RESET)
+            refused = node_refusals(cluster.name, targets, dict(opts.env), lambda i: torchrun_args(cluster, i, addr))
+            if refused is not None:
+                raise refused
         for t in targets:  # every host's way cleared and code current before any node starts
             launch_cmd._clear_the_way(t, opts, notes, say)  # noqa: SLF001 - the one copy of that check
             state = deploy_cmd.check(t, opts.source)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflashctl.analysis.gpuexclude import Exclusion, candidate_gpus, decide, gpus_needed, report_findings
+from dflashctl.analysis.gpuexclude import candidate_gpus, decide, gpus_needed, report_findings
 from dflashctl.errors import DflashError, ExitCode
 from dflashctl.model import Host
 from dflashctl.remote import probe
@@ -33,8 +33,7 @@ class GpuPlan:
 
     env: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    record: dict[str, Any] = field(default_factory=dict)  # launch spec `gpu_health` (agent/lib/gpurecheck.py)
-    exclusion: Exclusion | None = None
+    record: dict[str, Any] = field(default_factory=dict)  # launch spec `gpu_health` (sentinel/gpurecheck.py)
 
 
 def configured_gpus(host: Host) -> tuple[int, ...]:
@@ -63,7 +62,7 @@ def plan(doc: ProbeReport, host: Host, env: dict[str, str], words: Sequence[str]
     if ex.refused is not None:
         raise GpusRefused(ex.refused, hint=HINT_CONFIGURED if fixed else HINT_RESET)
     record = {"pool": list(pool), "need": need, "fixed": fixed, "visible": visible}
-    out = GpuPlan(record=record, exclusion=ex)
+    out = GpuPlan(record=record)
     if ex.left_out:
         out.env["CUDA_VISIBLE_DEVICES"] = ex.visible()
         if not env.get("CUDA_DEVICE_ORDER"):  # CUDA's own order is fastest first: these are nvidia-smi's indices
@@ -72,15 +71,19 @@ def plan(doc: ProbeReport, host: Host, env: dict[str, str], words: Sequence[str]
     return out
 
 
-def node_refusals(targets: Sequence[Target], env: dict[str, str], words_of: Callable[[int], Sequence[str]]) -> \
-        list[str]:
+def node_refusals(name: str, targets: Sequence[Target], env: dict[str, str],
+                  words_of: Callable[[int], Sequence[str]]) -> GpusRefused | None:
     """A run across hosts: every node's own GPUs judged before any node starts (each leaves out its own unhealthy
-    GPUs at its launch, the same rule); `node I (HOST): why` for each node that could not start."""
-    out = []
+    GPUs at its launch, the same rule); one refusal naming every node that could not start (`node I (HOST): why`),
+    with the hint of the nodes' own refusals (configured GPUs hit: leave them out of hosts.toml); None when all can."""
+    refused: list[tuple[str, str | None]] = []
     for i, t in enumerate(targets):
         doc = probe.probe_once(t, t.host.workspace, None, gpus=True, log_max=0, xid=True)
         try:
             plan(doc, t.host, env, words_of(i), trainer=True)
         except GpusRefused as e:
-            out.append(f"node {i} ({t.host.name}): {e.message}")
-    return out
+            refused.append((f"node {i} ({t.host.name}): {e.message}", e.hint))
+    if not refused:
+        return None
+    hint = HINT_CONFIGURED if any(h == HINT_CONFIGURED for _, h in refused) else HINT_RESET
+    return GpusRefused(f"cluster {name}: {'; '.join(m for m, _ in refused)} (nothing launched on any host)", hint=hint)
