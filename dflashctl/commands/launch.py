@@ -28,7 +28,7 @@ from dflashctl.analysis.progress import is_training_step
 from dflashctl.analysis.verdict import EndWatch
 from dflashctl.commands import deploy as deploy_cmd
 from dflashctl.commands import zombies
-from dflashctl.commands.launch_gpus import plan, program_words
+from dflashctl.commands.launch_gpus import configured_gpus, plan, program_words
 from dflashctl.commands.program import (
     DEFAULT_CONFIG,
     NAME_MAX,
@@ -46,7 +46,6 @@ from dflashctl.commands.runs import get_run, list_runs
 from dflashctl.commands.sentinel import sentinel_spec
 from dflashctl.commands.waiting import LaunchFailed, LogKeeper, WaitFor, WaitResult, failure, log_excerpt, wait
 from dflashctl.errors import ConfigError, DflashError, ExitCode, NotFound
-from dflashctl.model import Host
 from dflashctl.remote import bundle, probe, scripts
 from dflashctl.remote.target import Target
 from dflashctl.report import ProbeReport
@@ -130,10 +129,10 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
             deployed = deploy_cmd.deploy(target, opts.source, state=state)
             notes.append(f"code in the container was {why}: deployed {deployed.hash[:12]} ({deployed.files} files)")
             say(notes[-1])
-    want_gpus = bool(_requested_gpus(host)) or opts.exclude_unhealthy_gpus
+    want_gpus = bool(configured_gpus(host)) or opts.exclude_unhealthy_gpus
     doc = probe.probe_once(target, host.workspace, None, gpus=want_gpus, log_max=0, xid=opts.exclude_unhealthy_gpus)
     _check_disk(doc, host.workspace)
-    _check_gpus(doc, _requested_gpus(host))
+    _check_gpus(doc, configured_gpus(host))
     env = dict(opts.env)
     gpu_health = None
     if opts.exclude_unhealthy_gpus:  # the rule a restart applies again (analysis/gpuexclude.py)
@@ -280,10 +279,6 @@ def _clear_the_way(target: Target, opts: LaunchOptions, notes: list[str],
     notes.append(f"ended {len(report.ended)} zombie process(es) of earlier runs")
     say(notes[-1])
     return report
-
-
-def _requested_gpus(host: Host) -> tuple[int, ...]:
-    return tuple(sorted(set(host.gpus_target) | set(host.gpus_drafters)))
 
 
 def _check_disk(doc: ProbeReport, workspace: str) -> None:

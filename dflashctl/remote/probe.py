@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING
 from dflashctl.agent.probe.request import DEFAULT_LOG_MAX, ProbeRequest
 from dflashctl.agent.probe.version import PROBE_VERSION
 from dflashctl.errors import DflashError, NotFound, RemoteFailed
-from dflashctl.model import HostGpuReport
 from dflashctl.remote.scripts import module_source, parse_replies, parse_reply
 from dflashctl.remote.target import Target
 from dflashctl.remote.transport import Result
@@ -60,7 +59,7 @@ def parse_report(doc: dict) -> ProbeReport:
     return typed(doc)
 
 __all__ = ["PROBE_VERSION", "ProbeRequest", "build_script", "decode_log", "parse_frames", "probe_args", "probe_doc",
-           "probe_host_gpu_procs", "probe_once", "probe_stream", "one_shot", "request_doc", "stream_docs",
+           "probe_once", "probe_stream", "one_shot", "request_doc", "stream_docs",
            "StatusFetch"]
 
 
@@ -287,25 +286,6 @@ def stream_docs(target: Target, workspace: str, run: str | None, log_offset: int
             close()
     if not got:
         raise _no_report(target, None, "the watch probe ended without a report")
-
-
-def probe_host_gpu_procs(target: Target, timeout: float | None = 60) -> HostGpuReport:
-    """GPU compute processes with their memory, keyed by the pids the target sees. On a container
-    host this runs `python3` on the Proxmox host itself (nvidia-smi inside LXC lists no processes)
-    and maps through cgroup + NSpid; elsewhere nvidia-smi's pids are the target's own."""
-    ct = target.host.container
-    if ct is None:
-        res = target.run([target.host.python, "-", *ProbeRequest(host_gpu_procs="-").to_argv()],
-                         stdin=build_script().encode(), timeout=timeout)
-    else:
-        res = target.run_host(["python3", "-", *ProbeRequest(host_gpu_procs=str(ct)).to_argv()],
-                              stdin=build_script().encode(), timeout=timeout)
-    docs = parse_frames(res.stdout)
-    if not docs:
-        return HostGpuReport(None, (), f"host probe printed no report (exit {res.exit_code}): "
-                             f"{res.tail() or 'no output'}")
-    found = parse_report(docs[-1]).host_gpu_procs
-    return found if found is not None else HostGpuReport(None, (), "no host_gpu_procs field")
 
 
 def _no_report(target: Target, code: int | None, tail: str) -> RemoteFailed:

@@ -46,7 +46,6 @@ class Collective:
     seq: int  # collective_seq_id within its process group
     op: str  # `all_reduce`, `broadcast` … (profiling_name without its `nccl:`/`gloo:` prefix)
     state: str  # scheduled | started | completed
-    sizes: tuple[tuple[int, ...], ...] = ()  # not read from dumps (nothing shows it; 2000 entries a rank cost time)
 
 
 @dataclass(frozen=True)
