@@ -114,6 +114,9 @@ def validate(cfg: Config, name: str) -> None:
          "'continue' is for the threads layout; use 'abort' with layout = 'processes'")
     need(rt.dist_bucket_mb >= 0, "runtime.dist_bucket_mb", "must be >= 0 (0 = one bucket)")
     need(rt.recompile_limit >= 1, "runtime.recompile_limit", "must be >= 1")
+    need(rt.compile_strategy == "off" or tr.block_buckets <= rt.recompile_limit, "train.block_buckets",
+         f"{tr.block_buckets} trimmed sizes are compiled at warm-up, more than runtime.recompile_limit "
+         f"({rt.recompile_limit}) allows (dynamo would fall back to eager): lower it or raise the limit")
 
 
 def _is_cuda(dev: str) -> bool:

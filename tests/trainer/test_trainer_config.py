@@ -31,6 +31,8 @@ def test_default_layer_ids_spread_over_1_to_L_minus_3():
     ("[runtime]\ncompile_strategy = \"fast\"\n", "runtime.compile_strategy"),
     ("[nosuch]\nx = 1\n", "nosuch"),
     ("[train]\nseq_len = 20\n", "train.seq_len"),
+    ("[train]\nblock_buckets = 9\n[runtime]\ncompile_strategy = \"warmup\"\nrecompile_limit = 8\n",
+     "train.block_buckets"),
 ])
 def test_bad_config_raises_naming_file_and_key(tmp_path, body, key):
     path = tmp_path / "bad.toml"
