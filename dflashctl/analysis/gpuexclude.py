@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflashctl.agent.lib.gpuleftout import left_out_note
 from dflashctl.analysis.gpuhealth import gpu_health, health_findings
 from dflashctl.analysis.xids import xid_events
 from dflashctl.model import HealthFinding
@@ -36,6 +37,10 @@ class Exclusion:
     def visible(self) -> str:
         """CUDA_VISIBLE_DEVICES for what is kept."""
         return ",".join(str(g) for g in self.keep)
+
+    def note(self, who: str = "the attempt") -> str:
+        """What a launch or a restart says: which GPUs were left out and what `who` gets ('' when none was)."""
+        return left_out_note(self.why(), self.visible(), who) if self.left_out else ""
 
     def to_record(self) -> dict[str, Any]:
         return {"keep": list(self.keep), "left_out": {str(g): list(w) for g, w in sorted(self.left_out.items())},

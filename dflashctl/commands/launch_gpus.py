@@ -67,7 +67,7 @@ def plan(doc: ProbeReport, host: Host, env: dict[str, str], words: Sequence[str]
         out.env["CUDA_VISIBLE_DEVICES"] = ex.visible()
         if not env.get("CUDA_DEVICE_ORDER"):  # CUDA's own order is fastest first: these are nvidia-smi's indices
             out.env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        out.notes.append(f"left out {ex.why()}; the program gets CUDA_VISIBLE_DEVICES={ex.visible()}")
+        out.notes.append(ex.note("the program"))
     return out
 
 

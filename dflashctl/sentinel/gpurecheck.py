@@ -32,12 +32,6 @@ class Recheck:
         """restart.json `gpus`, and the refusal event's."""
         return {**self.exclusion.to_record(), "visible": self.visible, "xid_error": self.xid_error}
 
-    def note(self) -> str:
-        """What a restart event adds: which GPUs were left out and what the attempt gets."""
-        ex = self.exclusion
-        if not ex.left_out:
-            return ""
-        return f"left out {ex.why()}; the attempt gets CUDA_VISIBLE_DEVICES={ex.visible()}"
 
 
 def recheck(gpu_health: dict, reader: GpuReader | None = None) -> Recheck:

@@ -23,6 +23,13 @@ def test_uncorrectable_ecc_and_pending_remaps_are_left_out_slowdowns_are_not() -
     assert ex.why().startswith("GPU 2 (ecc-uncorrected: ecc.errors.uncorrected.volatile.total=1, row-remap-pending")
 
 
+def test_the_left_out_sentence_names_each_gpu_and_what_the_run_gets_and_is_empty_when_none_was() -> None:
+    ex = exclusion((0, 1, 2, 3), _findings("smi-reconstructed-a100x4-probe-query.csv"))
+    assert ex.note("the program") == f"left out {ex.why()}; the program gets CUDA_VISIBLE_DEVICES=0,1,3"
+    assert ex.note().endswith("; the attempt gets CUDA_VISIBLE_DEVICES=0,1,3")
+    assert exclusion((0, 1), _findings("smi-reconstructed-a100x4-probe-query.csv")).note() == ""
+
+
 def test_a_remap_pending_in_nvidia_smi_q_is_left_out() -> None:
     ex = exclusion((0,), _findings("q-510.73.08-a100-remap-pending.txt", "nvidia-smi-q"))
     assert ex.keep == () and list(ex.left_out) == [0]

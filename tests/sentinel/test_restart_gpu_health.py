@@ -81,6 +81,8 @@ def test_a_gpu_that_turns_unhealthy_between_attempts_is_left_out_of_the_next(loc
     assert restart["next_run"] == second.name
     assert "left out GPU 1 (row-remap-pending: remapped_rows.pending=yes" in restart["message"]
     assert restart["message"].endswith("the attempt gets CUDA_VISIBLE_DEVICES=0,2")
+    sentence = restart["message"][restart["message"].index("left out "):]
+    assert f"[dflashctl] restart: {sentence}\n" in _log(second)  # the log line and the event say the same
     assert json.loads((second / "meta.json").read_text())["gpus_left_out"] == {"1": gpus["left_out"]["1"]}
     launched = json.loads((second / "launch.json").read_text())["env"]
     assert launched["CUDA_VISIBLE_DEVICES"] == "0,2" and launched["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"

@@ -9,7 +9,6 @@ memory a dying process still holds would make the next attempt fail with an out-
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import csv
 import io
@@ -18,9 +17,11 @@ import os
 import time
 
 from dflashctl.agent.lib.checkpoints import newest_checkpoint
+from dflashctl.agent.lib.gpuleftout import left_out_note
 from dflashctl.agent.lib.procfs import marked_processes
 from dflashctl.agent.lib.rundir import now_iso
 from dflashctl.agent.lib.runmeta import read_meta
+from dflashctl.agent.lib.sentinelproc import AGENT_FILE
 from dflashctl.agent.probe.gpus import GpuReader, gpu_report
 
 SPEC_FILE = "launch_spec.json"  # what the launch was asked to start, for the next attempt
@@ -36,7 +37,7 @@ def next_spec(prev_dir: str, prev_id: str, decision: dict) -> dict | None:
             spec = json.load(f)
     except (OSError, ValueError):
         return None
-    attempt = int(decision.get("attempt") or 2)
+    attempt, gpus = int(decision.get("attempt") or 2), _recheck(decision)
     chain = read_meta(prev_dir).chain or {"first": prev_id}
     extra = [a for a in spec.get("extra") or [] if a != "--resume"]
     exec_mode = spec.get("command") is not None or spec.get("shell") is not None
@@ -46,31 +47,36 @@ def next_spec(prev_dir: str, prev_id: str, decision: dict) -> dict | None:
     if not exec_mode:  # the trainer reads the config it was started with, not today's file
         spec["config_text"], spec["config_path"] = None, os.path.join(prev_dir, "config.toml")
     spec.update(extra=extra, resume_from=resume, base_id=f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-"
-                f"{spec.get('slug') or 'run'}", env=_attempt_env(spec.get("env") or {}, decision.get("gpus"), prev_dir))
-    with contextlib.suppress(OSError), open(os.path.join(prev_dir, "sentinel.pyz"), "rb") as f:
-        spec["sentinel_zip_b64"] = base64.b64encode(f.read()).decode()  # the same engine watches every attempt
+                f"{spec.get('slug') or 'run'}", env=_attempt_env(spec.get("env") or {}, gpus, prev_dir))
     sentinel = dict(spec.get("sentinel") or {})
     sentinel["attempt"] = attempt
     restart = sentinel.get("restart") or {}
     spec["sentinel"] = sentinel
-    if isinstance(decision.get("gpus"), dict):  # the sentinel's re-check (sentinel/gpurecheck.py)
-        spec["meta"] = dict(spec.get("meta") or {}, gpus_left_out=decision["gpus"].get("left_out") or {})
+    if gpus is not None:
+        spec["meta"] = dict(spec.get("meta") or {}, gpus_left_out=gpus.get("left_out") or {})
     spec["meta"] = dict(spec.get("meta") or {}, attempt=attempt, restart_of=prev_id, restart_why=decision.get("why"),
                         chain={"first": chain.get("first") or prev_id, "previous": prev_id, "attempt": attempt,
                                "attempts_max": 1 + int(restart.get("max_restarts") or 0)})
     spec["wait"] = {"after": prev_id, "after_dir": prev_dir, "backoff_s": float(restart.get("backoff_s") or 0),
                     "gpu_free_mib": float(restart.get("gpu_free_mib") or 512),
                     "gpu_wait_s": float(restart.get("gpu_wait_s") or 600), "gpus": _run_gpus(spec),
-                    "left_out": _left_out_note(decision.get("gpus"))}
+                    "left_out": f"restart: {left_out_note(gpus.get('why'), gpus.get('visible'))}"
+                    if gpus and gpus.get("left_out") else None}
     return spec
 
 
-def _attempt_env(env: dict, gpus: object, prev_dir: str) -> dict:
+def _recheck(decision: dict) -> dict | None:
+    """restart.json's `gpus`: the sentinel's GPU re-check (sentinel/gpurecheck.py), None without one."""
+    gpus = decision.get("gpus")
+    return gpus if isinstance(gpus, dict) else None
+
+
+def _attempt_env(env: dict, gpus: dict | None, prev_dir: str) -> dict:
     """The next attempt's variables: the launch's, where the previous attempt is, and with --exclude-unhealthy-gpus
     the GPUs the sentinel found healthy just now (its `visible`; None: the user's own CUDA_VISIBLE_DEVICES, or
     none, as before anything was left out)."""
     out = {**env, RESUME_VAR: prev_dir}
-    if isinstance(gpus, dict):
+    if gpus is not None:
         visible = gpus.get("visible")
         if visible is None:
             out.pop("CUDA_VISIBLE_DEVICES", None)
@@ -78,13 +84,6 @@ def _attempt_env(env: dict, gpus: object, prev_dir: str) -> dict:
             out["CUDA_VISIBLE_DEVICES"] = str(visible)
             out.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # nvidia-smi's indices; CUDA's own are fastest first
     return out
-
-
-def _left_out_note(gpus: object) -> str | None:
-    """The line the next attempt's supervisor writes into its log: which GPUs the re-check left out, and why."""
-    if not isinstance(gpus, dict) or not gpus.get("left_out"):
-        return None
-    return f"restart: left out {gpus.get('why')}; this attempt gets CUDA_VISIBLE_DEVICES={gpus.get('visible')}"
 
 
 def _run_gpus(spec: dict) -> list | None:
@@ -160,7 +159,7 @@ def restart_event(prev_dir: str, prev_id: str, next_id: str | None, attempt: int
     msg = (f"attempt {attempt} starts as run {next_id}: {why}" if next_id else
            f"attempt {attempt} could not start: {error}")
     if next_id and gpus and gpus.get("left_out"):
-        msg += f"; left out {gpus.get('why')}; the attempt gets CUDA_VISIBLE_DEVICES={gpus.get('visible')}"
+        msg += f"; {left_out_note(gpus.get('why'), gpus.get('visible'))}"
     rec = {"t": time.time(), "kind": "restart", "run": prev_id, "verdict": verdict or "", "message": msg,
            "attempt": attempt, "next_run": next_id, "why": why, "error": error, "at": now_iso(),
            **({"gpus": gpus} if gpus else {})}
@@ -172,7 +171,7 @@ def restart_event(prev_dir: str, prev_id: str, next_id: str | None, attempt: int
             os.close(fd)
 
 
-def relaunch(run_dir: str, start) -> None:  # noqa: ANN001 - the launcher's start(spec, source, wait_pid=)
+def relaunch(run_dir: str, start) -> None:  # noqa: ANN001 - the launcher's start(spec, archive, wait_pid=)
     """The sentinel asked for another attempt (restart.json): start it in a new run directory, as a launch would,
     and record it in this attempt's events. Never reused: this run directory is only read."""
     path = os.path.join(run_dir, "restart.json")
@@ -187,9 +186,7 @@ def relaunch(run_dir: str, start) -> None:  # noqa: ANN001 - the launcher's star
     if spec is None:
         restart_event(run_dir, run_id, None, attempt, why, "this run kept no launch spec", decision.get("verdict"))
         return
-    with open(os.path.join(run_dir, "launcher.py")) as f:
-        source = f.read()
-    doc = start(spec, source, wait_pid=False)
-    gpus = decision.get("gpus") if isinstance(decision.get("gpus"), dict) else None
+    doc = start(spec, os.path.join(run_dir, AGENT_FILE), wait_pid=False)  # the same code runs every attempt
+    gpus = _recheck(decision)
     restart_event(run_dir, run_id, doc.get("run_id"), attempt, why, doc.get("message") if "error" in doc else None,
                   decision.get("verdict"), gpus)
