@@ -20,6 +20,7 @@ from typing import Any
 from dflashctl.analysis.gpuhealth import gpu_health, health_findings
 from dflashctl.analysis.gpus import GpuParseError, csv_number, csv_rows, from_probe, na
 from dflashctl.analysis.gpuwindow import GpuSweep, Thresholds, judge_gpus
+from dflashctl.analysis.layout import bare_uuid, uuid_index
 from dflashctl.analysis.smiq import _sections as q_sections  # the -q tree reader, shared (not a second copy)
 from dflashctl.model import GpuFinding, GpuProcess, GpuReport, GpuSample, HostGpuProc, HostGpuReport, MiB
 from dflashctl.report import parse_gpus
@@ -263,8 +264,8 @@ def build_view(replies: Sequence[Mapping[str, Any]], *, host: str, ours: str | N
         view.notes.append(f"GPU processes: {last['apps_error']}")
     procs_info = last.get("procs") if isinstance(last.get("procs"), Mapping) else {}
     samples = sweeps[-1].samples if sweeps else ()
-    by_uuid = {s.uuid: s.index for s in samples if s.uuid}
-    placed = [_proc(a.pid, by_uuid.get(a.gpu_uuid or ""), a.gpu_uuid, a.used_memory_mib, a.process_name,
+    by_uuid = uuid_index(samples)
+    placed = [_proc(a.pid, by_uuid.get(bare_uuid(a.gpu_uuid or "")), a.gpu_uuid, a.used_memory_mib, a.process_name,
                     procs_info.get(str(a.pid)), ours, runs, seen_from) for a in apps]
     if last.get("holders") is not None:
         view.seen_from = "container" if seen_from != "host" else seen_from

@@ -11,10 +11,11 @@ in, records out.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflashctl.model import GpuSample
 from dflashctl.report import RankLayout
 
 
@@ -89,8 +90,8 @@ class LayoutView:
     def gpu(self, r: RankLayout, device: str) -> int | None:
         """The nvidia-smi index of rank r's device: by its recorded UUID when the GPU table knows it, else by name."""
         uuid = dict(r.uuids).get(device)
-        if uuid is not None and _bare(uuid) in self.gpu_by_uuid:
-            return self.gpu_by_uuid[_bare(uuid)]
+        if uuid is not None and bare_uuid(uuid) in self.gpu_by_uuid:
+            return self.gpu_by_uuid[bare_uuid(uuid)]
         return gpu_index(device)
 
     def line(self) -> str:
@@ -126,17 +127,21 @@ class LayoutView:
                 "gpus": [{"gpu": i, "holds": h} for i, h in self.gpus().items()]}
 
 
-def layout_of(layouts: Sequence[RankLayout], gpu_by_uuid: Mapping[str, int] | None = None) -> LayoutView | None:
-    """The view of a report's layouts (the lead rank's first); None when the trainer wrote none. gpu_by_uuid: the
-    GPU table's UUID → index, to place devices the trainer recorded by UUID."""
+def layout_of(layouts: Sequence[RankLayout], gpus: Iterable[GpuSample] = ()) -> LayoutView | None:
+    """The view of a report's layouts (the lead rank's first); None when the trainer wrote none. gpus: the GPU
+    table's readings, to place devices the trainer recorded by UUID."""
     if not layouts:
         return None
     lead = layouts[0]
     ranks = {r.rank: r for r in layouts if r.kind == lead.kind}
-    by_uuid = {_bare(u): i for u, i in (gpu_by_uuid or {}).items()}
-    return LayoutView(lead.kind, lead.world_size, tuple(ranks[k] for k in sorted(ranks)), by_uuid)
+    return LayoutView(lead.kind, lead.world_size, tuple(ranks[k] for k in sorted(ranks)), uuid_index(gpus))
 
 
-def _bare(uuid: str) -> str:
+def uuid_index(gpus: Iterable[GpuSample]) -> dict[str, int]:
+    """GPU readings' bare UUID → nvidia-smi index: how a rank's device or a GPU process is placed on a GPU row."""
+    return {bare_uuid(s.uuid): s.index for s in gpus if s.uuid}
+
+
+def bare_uuid(uuid: str) -> str:
     """nvidia-smi prints `GPU-<uuid>`, torch's device properties print the bare `<uuid>`: compared without either."""
     return uuid.strip().lower().removeprefix("gpu-")

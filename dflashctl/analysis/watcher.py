@@ -122,11 +122,6 @@ def stopped_why(run: RunRecord) -> str | None:
         else None
 
 
-def uuid_index(sweep: GpuSweep | None) -> dict[str, int]:
-    """This reading's GPU UUID → nvidia-smi index (how the trainer's layout is placed on the GPU table's rows)."""
-    return {s.uuid: s.index for s in (sweep.samples if sweep else []) if s.uuid}
-
-
 def gpu_sweep(doc: ProbeReport) -> tuple[GpuSweep | None, str | None]:
     """The GPU readings of one probe report (NVML or nvidia-smi CSV), or why there are none."""
     samples, error = from_probe(doc.gpus, doc.time)
@@ -248,7 +243,7 @@ class Watcher:
             log_path=log.path if log else None, log_lines_from_start=self.from_start, gpu_error=gpu_error,
             log_offset=self.next_offset, log_bytes_scanned=self.scanner.bytes_scanned, settling=settling,
             restart_pending=bool(run and run.restart) and health.verdict.is_terminal,
-            training=training_series(report.progress), layout=layout_of(doc.layouts, uuid_index(sweep)),
+            training=training_series(report.progress), layout=layout_of(doc.layouts, sweep.samples if sweep else ()),
             flight_recorder=doc.flight_recorder,
         )
         self.last = view

@@ -111,6 +111,12 @@ def test_view_places_processes_and_splits_memory_ours_against_others():
     assert view.to_record()["gpus"][0]["processes"][1]["remedy"] == "not ours: ask the owner of container 201"
 
 
+def test_a_process_is_placed_on_its_gpu_by_uuid_with_or_without_the_gpu_prefix_as_a_ranks_layout_is():
+    apps = "pid, process_name, used_gpu_memory [MiB], gpu_uuid\n9001, python3, 70000, gpu-1\n9002, x, 10, 0\n"
+    view = build_view([_reply(apps, {})], host="pve", ours="200", runs=Runs(None, frozenset()), seen_from="host")
+    assert [[p.pid for p in g.procs] for g in view.gpus] == [[9002], [9001]]
+
+
 def test_view_from_inside_a_container_says_what_it_cannot_see():
     reply = _reply("pid, process_name, used_gpu_memory [MiB], gpu_uuid\n", {
         "57": {"cgroup": "0::/\n", "nspid": [57], "uid": 0, "user": "root", "cmdline": "python train.py",
