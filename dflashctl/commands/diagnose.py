@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflashctl.analysis import flightrec
+from dflashctl.agent.lib import flightrec
+from dflashctl.agent.lib.flightrec_env import DUMP_DIR
 from dflashctl.analysis.gpus import GpuParseError, parse_nvidia_smi, sweeps
 from dflashctl.analysis.health import Evidence, GpuSweep, Health, ProcessState, judge
 from dflashctl.analysis.logscan import LogReport, LogScanner
@@ -45,12 +46,12 @@ def _dumps(paths: list[Path]) -> tuple[list[flightrec.RankTrace], list[str]]:
     one-line usage error."""
     traces, sources = [], []
     for path in paths:
-        rank = flightrec.rank_of(path.name)
+        rank = flightrec.dump_rank(path.name)
         if rank is None:
             raise ConfigError(f"{path}: a flight recorder dump's name ends with its rank",
                               hint="keep torch's file names (…nccl_trace_rank_3)")
         try:
-            traces.append(flightrec.parse(_read(path), rank))
+            traces.append(flightrec.parse_dump(_read(path), rank))
         except flightrec.DumpError as e:
             raise ConfigError(f"{path}: {e}", hint="pass flight recorder dumps as written by torch "
                               "(TORCH_FR_DUMP_TEMP_FILE), or a run directory") from None
@@ -139,7 +140,7 @@ def diagnose(logs: list[Path], gpu_files: list[Path], *, progress_regex: str | N
     logs = [p for p in logs if p not in dump_files]
     for path in logs:
         if path.is_dir():
-            dump_files += sorted(f for f in (path / flightrec.DUMP_DIR).glob("*") if f.is_file())
+            dump_files += sorted(f for f in (path / DUMP_DIR).glob("*") if f.is_file())
             files = _rotated_logs(path)
             if not files and not (path / "errors").is_dir():
                 raise ConfigError(f"{path} has no train.log", hint="pass the run directory or its train.log")
@@ -189,4 +190,4 @@ def diagnose(logs: list[Path], gpu_files: list[Path], *, progress_regex: str | N
     sources += dump_sources
     ev = Evidence(now=now, process=process, log=report, sweeps=gpu_sweeps, errors=errors, heartbeat=heartbeat,
                   gpu_report=last_csv, xid_lines=xid_lines)
-    return Diagnosis(judge(ev), report, sources, flightrec.behind(traces))
+    return Diagnosis(judge(ev), report, sources, flightrec.find_behind(traces))

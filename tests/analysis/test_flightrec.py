@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl.analysis import flightrec
+from dflashctl.agent.lib import flightrec
+from dflashctl.agent.lib.flightrec_env import DUMP_DIR
 
 HANG = Path(__file__).parent / "data" / "flightrec" / "hang2.py"
 
@@ -39,10 +40,10 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("suffix", ["", ".json"])
 def test_the_rank_that_left_out_a_collective_is_behind_and_the_other_waits_in_it(dumps: Path, suffix: str) -> None:
-    traces = [flightrec.parse((dumps / f"fr_trace_rank_{r}{suffix}").read_bytes(),
-                              flightrec.rank_of(f"fr_trace_rank_{r}{suffix}")) for r in (0, 1)]
+    traces = [flightrec.parse_dump((dumps / f"fr_trace_rank_{r}{suffix}").read_bytes(),
+                              flightrec.dump_rank(f"fr_trace_rank_{r}{suffix}")) for r in (0, 1)]
     assert [t.rank for t in traces] == [0, 1]
-    found = flightrec.behind(traces)
+    found = flightrec.find_behind(traces)
     assert len(found) == 1
     b = found[0]
     assert (b.behind, b.waiting, b.seq, b.op, b.pg_name) == ((1,), (0,), 5, "all_reduce", "default_pg")
@@ -52,9 +53,9 @@ def test_the_rank_that_left_out_a_collective_is_behind_and_the_other_waits_in_it
 
 
 def test_ranks_that_got_equally_far_show_no_one_behind(dumps: Path) -> None:
-    one = flightrec.parse((dumps / "fr_trace_rank_1").read_bytes(), 1)
-    again = flightrec.parse((dumps / "fr_trace_rank_1").read_bytes(), 2)
-    assert flightrec.behind([one, again]) == []
+    one = flightrec.parse_dump((dumps / "fr_trace_rank_1").read_bytes(), 1)
+    again = flightrec.parse_dump((dumps / "fr_trace_rank_1").read_bytes(), 2)
+    assert flightrec.find_behind([one, again]) == []
 
 
 class _Boom:
@@ -64,22 +65,22 @@ class _Boom:
 
 def test_a_pickle_that_is_not_a_dump_is_refused_and_never_run(tmp_path: Path) -> None:
     with pytest.raises(flightrec.DumpError, match="no flight recorder dump does"):
-        flightrec.load(pickle.dumps({"entries": [_Boom()], "pg_status": {}}))
+        flightrec.load_dump(pickle.dumps({"entries": [_Boom()], "pg_status": {}}))
     assert not Path("/tmp/dflashctl-flightrec-pwned").exists()
     with pytest.raises(flightrec.DumpError, match="not a flight recorder dump"):
-        flightrec.load(b'{"hello": 1}')
+        flightrec.load_dump(b'{"hello": 1}')
     with pytest.raises(flightrec.DumpError, match="neither a pickle nor JSON"):
-        flightrec.load(b"step=1 loss=2.0\n")
+        flightrec.load_dump(b"step=1 loss=2.0\n")
 
 
 def test_diagnose_reads_a_run_directorys_dumps_and_says_who_is_behind(dumps: Path, tmp_path: Path) -> None:
     from dflashctl.commands.diagnose import diagnose
 
     run = tmp_path / "run-1"
-    (run / flightrec.DUMP_DIR).mkdir(parents=True)
+    (run / DUMP_DIR).mkdir(parents=True)
     (run / "train.log").write_bytes(b"step=1 loss=2.0\nstep=2 loss=1.9\n")
     for r in (0, 1):
-        (run / flightrec.DUMP_DIR / f"nccl_trace_rank_{r}").write_bytes((dumps / f"fr_trace_rank_{r}").read_bytes())
+        (run / DUMP_DIR / f"nccl_trace_rank_{r}").write_bytes((dumps / f"fr_trace_rank_{r}").read_bytes())
     d = diagnose([run], [])
     assert [b.behind for b in d.behind] == [(1,)]
     rec = d.to_record()["flight_recorder"]
@@ -127,7 +128,7 @@ def _probe_doc(tmp_path: Path) -> dict:
 
 
 def _put(run: Path, dumps: Path, folder: str = "", ranks: tuple[int, ...] = (0, 1), mtime: float | None = None) -> None:
-    where = run / flightrec.DUMP_DIR / folder
+    where = run / DUMP_DIR / folder
     where.mkdir(parents=True, exist_ok=True)
     for r in ranks:
         (where / f"nccl_trace_rank_{r}").write_bytes((dumps / f"fr_trace_rank_{r}").read_bytes())
@@ -166,11 +167,11 @@ def test_the_newest_set_of_dumps_is_read_and_files_that_are_not_dumps_are_named(
     (agent/lib/captures.py: `<run>/captures/<attempt>-<stamp>/flightrec/`): the saved set is the newest."""
     run = _workspace_run(tmp_path)
     _put(run, dumps, ranks=(0,), mtime=1_000_000.0)
-    (run / flightrec.DUMP_DIR / "README").write_bytes(b"x")  # not named as the recorder names its dumps: not read
-    saved = Path("..") / "captures" / "1-20261203T140000Z" / flightrec.DUMP_DIR
+    (run / DUMP_DIR / "README").write_bytes(b"x")  # not named as the recorder names its dumps: not read
+    saved = Path("..") / "captures" / "1-20261203T140000Z" / DUMP_DIR
     _put(run, dumps, str(saved), mtime=2_000_000.0)
-    (run / flightrec.DUMP_DIR / saved / "nccl_trace_rank_2").write_bytes(b"torn\n")
-    (run / flightrec.DUMP_DIR / saved / "nccl_trace_rank_x").write_bytes(b"x")
+    (run / DUMP_DIR / saved / "nccl_trace_rank_2").write_bytes(b"torn\n")
+    (run / DUMP_DIR / saved / "nccl_trace_rank_x").write_bytes(b"x")
     fr = _probe_doc(tmp_path)["flight_recorder"]
     assert fr["dir"] == str(run / "captures" / "1-20261203T140000Z" / "flightrec") and fr["ranks"] == [0, 1]
     assert [b["behind"] for b in fr["behind"]] == [[1]]
@@ -215,7 +216,7 @@ def test_a_watch_reads_a_dump_again_once_it_changed(dumps: Path, tmp_path: Path)
     run = _workspace_run(tmp_path)
     _put(run, dumps, mtime=1_000_000.0)
     assert [b["behind"] for b in _probe_doc(tmp_path)["flight_recorder"]["behind"]] == [[1]]
-    one = run / flightrec.DUMP_DIR / "nccl_trace_rank_1"
+    one = run / DUMP_DIR / "nccl_trace_rank_1"
     one.write_bytes((dumps / "fr_trace_rank_0").read_bytes())  # rank 1 caught up: both as far as rank 0
     os.utime(one, (1_000_001.0, 1_000_001.0))
     fr = _probe_doc(tmp_path)["flight_recorder"]
@@ -225,9 +226,9 @@ def test_a_watch_reads_a_dump_again_once_it_changed(dumps: Path, tmp_path: Path)
 def test_a_dump_with_values_of_the_wrong_kind_is_one_dump_error() -> None:
     bad = pickle.dumps({"pg_status": {"0": {}}, "entries": 5})
     with pytest.raises(flightrec.DumpError, match="wrong kind"):
-        flightrec.parse(bad, 0)
+        flightrec.parse_dump(bad, 0)
     with pytest.raises(flightrec.DumpError, match="wrong kind"):
-        flightrec.parse(b'{"pg_status": [1], "entries": []}', 0)
+        flightrec.parse_dump(b'{"pg_status": [1], "entries": []}', 0)
 
 
 def test_the_line_says_which_ranks_wait_in_the_right_number() -> None:

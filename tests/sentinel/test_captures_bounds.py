@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dflashctl.agent.lib import captures
+from dflashctl.agent.probe.flightdumps import flight_dumps
 
 
 def _doc(raw: str = "Thread 0x1 (most recent call first):\n") -> dict:
@@ -46,3 +47,18 @@ def test_a_run_keeps_at_most_max_captures(tmp_path: Path, monkeypatch: pytest.Mo
     assert [Path(m["dir"]).name for m in made[:2]] == ["1-20251203T135320Z", "1-20251203T135320Z-2"]
     assert made[2]["dir"] is None and made[2]["error"] == "2 captures kept already in captures/"
     assert len(list((tmp_path / "captures").iterdir())) == 2
+
+
+def test_a_capture_copies_the_files_the_probe_reads_as_dumps_and_no_link_or_folder(tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch
+                                                                                   ) -> None:
+    monkeypatch.setattr(captures, "SETTLE_S", 0.01)
+    (tmp_path / "flightrec").mkdir()
+    (tmp_path / "flightrec" / "nccl_trace_rank_0").write_bytes(bytes(60))
+    (tmp_path / "elsewhere").write_bytes(b"not the run's")
+    (tmp_path / "flightrec" / "nccl_trace_rank_1").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "flightrec" / "nccl_trace_rank_2").mkdir()
+    got = captures.save_capture(str(tmp_path), 1, _doc(), {})
+    assert [d["name"] for d in got["dumps"]] == ["nccl_trace_rank_0"] and got["dumps_skipped"] == []
+    probe_read = flight_dumps(str(tmp_path))  # 60 zero bytes are no dump: named as left out, so seen
+    assert [s["name"] for s in probe_read["skipped"]] == ["nccl_trace_rank_0"] and probe_read["dumps"] == 0

@@ -71,28 +71,27 @@ def _new_dir(run_dir: str, attempt: int, now: float) -> str | None:
             path = f"{base}-{n}"
 
 
-def _dump_sizes(folder: str, start: str) -> dict[str, int]:
-    out = {}
+def dump_files(folder: str, start: str = "") -> list[tuple[str, str, os.stat_result]]:
+    """[(name, path, stat)] of the regular files in folder whose names start with `start` (no hidden ones, no
+    links): the dumps a capture copies and the probe reads (agent/probe/flightdumps.py)."""
     try:
-        names = os.listdir(folder)
+        with os.scandir(folder) as it:
+            return [(e.name, e.path, e.stat(follow_symlinks=False)) for e in it
+                    if e.name.startswith(start) and not e.name.startswith(".") and e.is_file(follow_symlinks=False)]
     except OSError:
-        return {}
-    for n in names:
-        if n.startswith(start):
-            try:
-                out[n] = os.path.getsize(os.path.join(folder, n))
-            except OSError:
-                continue
-    return out
+        return []
 
 
 def _settled(folder: str, start: str) -> list[str]:
     """The dump files, once two readings SETTLE_S apart agree (a rank may be writing its dump as the timeout is
     seen), at most SETTLE_MAX_S."""
-    deadline, sizes = time.monotonic() + SETTLE_MAX_S, _dump_sizes(folder, start)
+    def sizes_now() -> dict[str, int]:
+        return {name: st.st_size for name, _, st in dump_files(folder, start)}
+
+    deadline, sizes = time.monotonic() + SETTLE_MAX_S, sizes_now()
     while time.monotonic() < deadline:
         time.sleep(SETTLE_S)
-        again = _dump_sizes(folder, start)
+        again = sizes_now()
         if again == sizes:
             break
         sizes = again
@@ -108,8 +107,6 @@ def _copy_dumps(prefix: str, into: str) -> tuple[list[dict], list[dict]]:
         src = os.path.join(folder, name)
         try:
             size = os.path.getsize(src)
-            if not os.path.isfile(src):
-                continue
             if total + size > DUMPS_MAX:
                 skipped.append({"name": name, "bytes": size, "why": f"over {DUMPS_MAX >> 20} MiB per capture"})
                 continue

@@ -1,6 +1,6 @@
 """The flight recorder's dumps (torch.distributed, NCCL and gloo): which rank is behind, in which collective.
 Stdlib only: the one parser, run in the container by the status probe (agent/probe/flightdumps.py) and on the
-laptop by `diagnose` (analysis/flightrec.py re-exports it).
+laptop by `diagnose` (commands/diagnose.py).
 
 Each rank's process group keeps a ring of its latest collectives (TORCH_FR_BUFFER_SIZE, formerly
 TORCH_NCCL_TRACE_BUFFER_SIZE) and, on a collective timeout (TORCH_NCCL_DUMP_ON_TIMEOUT) or on request

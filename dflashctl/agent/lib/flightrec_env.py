@@ -2,7 +2,7 @@
 container).
 
 A hang under torchrun is a collective some rank never entered; the flight recorder (a ring of each rank's latest
-collectives, dumped on a collective timeout) says which rank and which collective (analysis/flightrec.py reads the
+collectives, dumped on a collective timeout) says which rank and which collective (agent/lib/flightrec.py reads the
 dumps). It costs a few MB per rank and nothing per step, so dflashctl turns it on for programs it starts under
 torchrun, with the dumps under the run's directory, unless the user set any of its variables (theirs always win,
 the current names and the deprecated ones alike).

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from dflashctl.agent.lib.captures import CAPTURES_DIR, dump_prefix
+from dflashctl.agent.lib.captures import CAPTURES_DIR, dump_files, dump_prefix
 from dflashctl.agent.lib.flightrec import DumpError, dump_rank, find_behind, parse_dump
 from dflashctl.agent.lib.flightrec_env import DUMP_DIR
 
@@ -24,20 +24,10 @@ FR_SKIPPED_MAX = 8  # left-out files named in the reply
 _FR_SEEN: dict = {}  # path -> (size, mtime_ns, RankTrace | why it was left out): a --watch's parsed dumps
 
 
-def _fr_files(folder: str, start: str = "") -> list:
-    """[(name, path, stat)] of the regular files in folder whose names start with `start`."""
-    try:
-        with os.scandir(folder) as it:
-            return [(e.name, e.path, e.stat(follow_symlinks=False)) for e in it
-                    if e.name.startswith(start) and not e.name.startswith(".") and e.is_file(follow_symlinks=False)]
-    except OSError:
-        return []
-
-
 def _dump_sets(run_dir: str) -> dict:
     """folder -> its dump files: where the recorder writes, and each capture's copies."""
     prefix = dump_prefix(run_dir)
-    sets = {os.path.dirname(prefix) or ".": _fr_files(os.path.dirname(prefix) or ".", os.path.basename(prefix))}
+    sets = {os.path.dirname(prefix) or ".": dump_files(os.path.dirname(prefix) or ".", os.path.basename(prefix))}
     captures = os.path.join(run_dir, CAPTURES_DIR)
     try:
         names = sorted(os.listdir(captures))
@@ -45,7 +35,7 @@ def _dump_sets(run_dir: str) -> dict:
         names = []
     for name in names:
         folder = os.path.join(captures, name, DUMP_DIR)
-        sets[folder] = _fr_files(folder)
+        sets[folder] = dump_files(folder)
     return {k: v for k, v in sets.items() if v}
 
 
