@@ -21,8 +21,7 @@ from dflashctl.analysis.gpuhealth import gpu_health, health_findings
 from dflashctl.analysis.gpus import GpuParseError, csv_number, csv_rows, from_probe, na
 from dflashctl.analysis.gpuwindow import GpuSweep, Thresholds, judge_gpus
 from dflashctl.analysis.layout import bare_uuid, uuid_index
-from dflashctl.analysis.smiq import _sections as q_sections  # the -q tree reader, shared (not a second copy)
-from dflashctl.model import GpuFinding, GpuProcess, GpuReport, GpuSample, HostGpuProc, HostGpuReport, MiB
+from dflashctl.model import GpuFinding, GpuProcess, GpuSample, HostGpuProc, HostGpuReport, MiB
 from dflashctl.report import parse_gpus
 
 CURRENT, EARLIER, OTHER, NONE, GONE = "current", "earlier", "other", "none", "gone"
@@ -37,25 +36,6 @@ class GpuApp:
     process_name: str | None
     used_memory_mib: MiB | None
     gpu_uuid: str | None
-    kind: str | None = None  # -q's Type: C (compute), G (graphics), C+G; the CSV query lists compute apps only
-
-
-def apps_from_q(text: str) -> list[GpuApp]:
-    """The `Processes` section of each GPU in `nvidia-smi -q` text (`Processes : None` when there are none):
-    `Process ID` with its `Type`, `Name` and `Used GPU Memory` under it, the GPU by its `GPU UUID`."""
-    out: list[GpuApp] = []
-    for _, gpu in q_sections(text):
-        uuid_node = gpu.get("gpu uuid")
-        uuid = na(uuid_node.value) if uuid_node is not None else None
-        procs = gpu.get("processes")
-        for node in procs.children if procs is not None else ():
-            pid = csv_number(node.value) if node.key == "process id" else None
-            if pid is None:
-                continue
-            fields = {c.key: c.value for c in node.children}
-            out.append(GpuApp(int(pid), na(fields.get("name")),
-                              csv_number(fields.get("used gpu memory"), to_mib=True), uuid, na(fields.get("type"))))
-    return out
 
 
 def parse_apps(text: str) -> list[GpuApp]:
@@ -297,11 +277,6 @@ def share(view: HostView, indices: Iterable[int] | None = None) -> dict[int, tup
     wanted = None if indices is None else set(indices)
     return {g.sample.index: (g.ours_mib, g.others_mib) for g in view.gpus
             if wanted is None or g.sample.index in wanted}
-
-
-def gpu_report_of(doc: Mapping[str, Any]) -> GpuReport:
-    """The GPU piece of one host probe reply, typed."""
-    return parse_gpus(doc.get("gpus") or {})
 
 
 def host_gpu_report(view: HostView, error: str | None = None) -> HostGpuReport:

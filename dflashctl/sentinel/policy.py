@@ -18,15 +18,13 @@ from dflashctl.sentinel.events import Event, fmt_duration, gpus_label, one_line
 if TYPE_CHECKING:
     from dflashctl.analysis.watcher import StatusView
 
-REASONS = ("idle", "stalled", "worker-failure")
-
 
 @dataclass(frozen=True)
 class Decision:
     """What the sentinel does to the run and why (`reason` is what chain.py and `stopped` record)."""
 
     action: str  # "stop"
-    reason: str  # one of REASONS
+    reason: str  # idle | stalled | worker-failure
     detail: str  # one line for a person and the notification
 
     def to_event(self, view: StatusView) -> Event:

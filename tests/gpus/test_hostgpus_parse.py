@@ -9,7 +9,6 @@ import pytest
 from dflashctl.analysis.gpus import GpuParseError
 from dflashctl.analysis.hostgpus import (
     Runs,
-    apps_from_q,
     build_view,
     container_of,
     parse_apps,
@@ -18,7 +17,6 @@ from dflashctl.analysis.hostgpus import (
 )
 
 DATA = Path(__file__).parent / "data"
-GPUHEALTH = Path(__file__).parents[1] / "analysis" / "data" / "gpuhealth"
 
 
 def test_compute_apps_of_a_containers_process_on_the_host_give_its_host_pid():
@@ -48,21 +46,6 @@ def test_compute_apps_header_only_is_no_process_and_headerless_rows_are_refused(
     assert parse_apps("") == []
     with pytest.raises(GpuParseError):
         parse_apps("40170, python3, 185 MiB\n")
-
-
-def test_q_processes_sections_give_the_same_processes_as_the_csv():
-    q = apps_from_q((DATA / "q-590.48.01-h100-load.txt").read_text())
-    csv = parse_apps((DATA / "apps-590.48.01-h100-load.csv").read_text())
-    assert [(a.pid, a.process_name, a.used_memory_mib) for a in q] == \
-        [(a.pid, a.process_name, a.used_memory_mib) for a in csv]
-    assert {a.kind for a in q} == {"C"}
-
-
-def test_q_graphics_processes_and_none():
-    q = apps_from_q((GPUHEALTH / "q-595.71.05-rtx2080super-idle.txt").read_text())
-    assert [(a.pid, a.kind, a.process_name, a.used_memory_mib) for a in q] == [
-        (1696, "G", "/usr/bin/gnome-shell", 176.0), (4584, "G", "/usr/bin/Xwayland", 3.0)]
-    assert apps_from_q((GPUHEALTH / "q-535.161.08-h100x8-power-brake.txt").read_text()) == []
 
 
 @pytest.mark.parametrize(("cgroup", "ct"), [
