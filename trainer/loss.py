@@ -8,11 +8,14 @@ computes the logits a chunk of rows at a time in forward and again in backward, 
 never exist whole (512 blocks x 16 x 151,936 fp32 logits are 5 GB per sequence).
 
 Normalisation (SpecForge's global token count: specforge/training/controller.py `_normalize_gradients`): a step's
-loss is sum(w * CE) over every label of every replica, divided by the sum of w over them all — not a mean of
+loss is sum(w * CE) over every label of every live replica, divided by the sum of w over them all — not a mean of
 per-replica means, which would weigh a token of a replica with few real labels more than one of a replica with
 many. Each replica divides its own sum by `denom` = the global weight sum / the number of replicas whose gradients
-are averaged (`global_denominator`), so that average is the global token-weighted mean. `denom=None`: the
-replica's own weight sum (one replica alone).
+are averaged (`global_denominator`: known on the CPU before the backward, no collective). That is exact while every
+replica takes part; the threads layout also averages each replica's own weight sum (`weight_total`) with its
+gradients and rescales by `denom / that mean` (trainer/train_step.py), so a replica that died under
+`on_worker_failure = "continue"` takes its labels out of the divisor too. The process layout needs no rescale: a
+dead rank ends the run (`continue` is refused there). `denom=None`: the replica's own weight sum (one replica alone).
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ def position_weights(block_size: int, gamma: float, device: torch.device | str =
     return w
 
 
+def block_positions(anchors: Tensor, block_size: int) -> Tensor:
+    """anchors [B, A] -> [B, A*Bs]: block k of an anchor a sits at position a + k."""
+    pos = anchors[:, :, None] + torch.arange(block_size, device=anchors.device)
+    return pos.reshape(anchors.shape[0], -1)
+
+
 def block_inputs(ids: Tensor, anchors: Tensor, block_size: int, mask_token_id: int) -> tuple[Tensor, Tensor, Tensor]:
     """ids [B, T], anchors [B, A] -> (block_ids, block_pos, labels), each [B, A*Bs].
 
@@ -37,12 +46,11 @@ def block_inputs(ids: Tensor, anchors: Tensor, block_size: int, mask_token_id: i
     T: its positions keep counting (rotary needs no table), its labels there repeat ids[T-1] and must be masked
     (`label_mask`)."""
     bsz, num_anchors = anchors.shape
-    offs = torch.arange(block_size, device=ids.device)
-    pos = anchors[:, :, None] + offs  # [B, A, Bs]
-    labels = torch.gather(ids, 1, pos.reshape(bsz, -1).clamp(max=ids.shape[1] - 1))
-    block_ids = torch.full_like(pos, mask_token_id)
+    pos = block_positions(anchors, block_size)
+    labels = torch.gather(ids, 1, pos.clamp(max=ids.shape[1] - 1))
+    block_ids = torch.full_like(pos, mask_token_id).view(bsz, num_anchors, block_size)
     block_ids[:, :, 0] = torch.gather(ids, 1, anchors)
-    return block_ids.reshape(bsz, -1), pos.reshape(bsz, -1), labels
+    return block_ids.reshape(bsz, -1), pos, labels
 
 
 def label_mask(block_pos: Tensor, ends: Tensor) -> Tensor:
@@ -50,12 +58,17 @@ def label_mask(block_pos: Tensor, ends: Tensor) -> Tensor:
     return block_pos < ends[:, None]
 
 
+def _row_weights(weights: Tensor, shape: torch.Size, mask: Tensor | None) -> Tensor:
+    """Per-row loss weight [B * A*Bs]: the position weight, 0 where masked."""
+    w = weights.repeat(shape.numel() // weights.shape[0])
+    return w if mask is None else w * mask.reshape(-1).to(w.dtype)
+
+
 def weight_total(anchors: Tensor, ends: Tensor, weights: Tensor) -> Tensor:
-    """anchors [B, A], ends [B], weights [Bs] -> the loss weight summed over every real label (0-d float64): what
-    `_row_weights(...).sum()` gives for these blocks, computed from the batch alone (on the CPU: no device sync)."""
-    pos = anchors[:, :, None] + torch.arange(weights.shape[0], device=anchors.device)
-    real = pos < ends[:, None, None]
-    return (real.to(torch.float64) * weights.to(torch.float64)).sum()
+    """anchors [B, A], ends [B], weights [Bs] -> the loss weight summed over every real label (0-d float64): the
+    loss's own `_row_weights` over these blocks, from the batch alone (on the CPU: no device sync)."""
+    pos = block_positions(anchors, weights.shape[0])
+    return _row_weights(weights.to(torch.float64), pos.shape, label_mask(pos, ends)).sum()
 
 
 def global_denominator(anchors: Tensor, ends: Tensor, weights: Tensor, replicas: int) -> Tensor:
@@ -64,12 +77,6 @@ def global_denominator(anchors: Tensor, ends: Tensor, weights: Tensor, replicas:
     rank holds the global batch (batches are a pure function of the step), so every rank computes the same value
     on its CPU: no collective, no host sync. fp32 0-d."""
     return (weight_total(anchors, ends, weights.cpu()) / replicas).to(torch.float32)
-
-
-def _row_weights(weights: Tensor, shape: torch.Size, mask: Tensor | None) -> Tensor:
-    """Per-row loss weight [B * A*Bs]: the position weight, 0 where masked."""
-    w = weights.repeat(shape.numel() // weights.shape[0])
-    return w if mask is None else w * mask.reshape(-1).to(w.dtype)
 
 
 def _accuracy(correct: Tensor, mask: Tensor | None, block_size: int) -> tuple[Tensor, Tensor]:

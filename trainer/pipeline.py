@@ -35,7 +35,7 @@ from trainer.distributed import Dist, resume_state
 from trainer.eval import PeriodicEval
 from trainer.export import load_exported, read_exported
 from trainer.hf import build_target
-from trainer.loss import block_inputs, global_denominator, label_mask, position_weights
+from trainer.loss import block_inputs, global_denominator, label_mask, position_weights, weight_total
 from trainer.main_thread import MainThread
 from trainer.masks import causal_block_mask, dense_mask, flex_block_mask
 from trainer.model import Drafter, build_drafter
@@ -58,6 +58,8 @@ class Work:
     """When the coordinator's stream has finished writing `hidden` (trainer/streams.py)."""
     denom: Tensor | None = None
     """CPU 0-d: the loss's divisor, alike for every replica of the step (trainer/loss.py global_denominator)."""
+    weight: Tensor | None = None
+    """CPU 0-d: this replica's own label weight total (trainer/loss.py weight_total); averaged with the gradients."""
 
 
 class Trainer(MainThread, Steps):
@@ -273,8 +275,9 @@ class Trainer(MainThread, Steps):
                 for rank in range(self.n):
                     sl = slice(rank * bs, (rank + 1) * bs)
                     kept = trim.kept_blocks(anchors[sl], ends[sl], self.block_sizes)  # CPU tensors: no sync
-                    self._put(rank, Work(step, ids[sl], trim.trim(anchors[sl], kept), hidden[sl], ends[sl], ready,
-                                         denom))
+                    mine = trim.trim(anchors[sl], kept)
+                    self._put(rank, Work(step, ids[sl], mine, hidden[sl], ends[sl], ready, denom,
+                                         weight_total(mine, ends[sl], self.cpu_weights)))
                 info.step = step + 1
             for rank in range(self.n):
                 self._put(rank, None)

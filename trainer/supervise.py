@@ -95,9 +95,10 @@ class Supervisor:
             if name in self.threads:
                 self.threads[name].state = CRASHED
             self.first_error = self.first_error or f"{name}: {doc['type']}: {doc['message']}"
+            # `continue` goes on while any drafter has not crashed: a peer that already finished its steps counts
+            # (it leaves the all-reduce before this hook runs, so at the last step it may finish first)
             fatal = (self.on_worker_failure == "abort" or not name.startswith("drafter-")
-                     or not any(n.startswith("drafter-") and t.state in (STARTING, RUNNING)
-                                for n, t in self.threads.items()))
+                     or not any(n.startswith("drafter-") and t.state != CRASHED for n, t in self.threads.items()))
         if fatal:
             self.abort.set()
 

@@ -56,7 +56,12 @@ class Steps:
         return self.ddp is not None or (self.dist.active and self.defer_stats)
 
     def _train_step(self, rank: int, item) -> bool:  # noqa: ANN001 - trainer.pipeline.Work
-        """Forward, backward, all-reduce, clip, step. Returns True when the group agreed to stop (SIGTERM)."""
+        """Forward, backward, all-reduce, clip, step. Returns True when the group agreed to stop (SIGTERM).
+
+        Each replica's own label weight total travels with its gradients (no extra collective): the mean of those
+        over the replicas that took part, against the `denom` every loss divided by, rescales the averaged
+        gradients and loss to the live replicas' global token-weighted mean (trainer/loss.py) — 1 up to rounding
+        while all are alive, their share when one died under `on_worker_failure = "continue"`."""
         replica, opt, dev = self.replicas[rank], self.opts[rank], self.devices[rank]
         params = [p for p in replica.parameters() if p.requires_grad]
         for p in params:
@@ -65,24 +70,28 @@ class Steps:
         loss.backward()
         stopping = self.sup.stop.is_set()
         stop_flag = torch.full((), float(stopping), device=dev)  # a fill on the device, no host-to-device copy
-        stats = torch.stack([loss.detach().float(), acc.float(), acc_len.float(), stop_flag])
+        own = item.weight.to(dev, torch.float32, non_blocking=True)
+        stats = torch.stack([loss.detach().float(), acc.float(), acc_len.float(), stop_flag, own])
         flat = torch.cat([p.grad.reshape(-1) for p in params] + [stats])
         avg, group, any_stop = self.allreduce.mean(rank, flat, self.sup.abort, stopping)
-        late_stop = self._settle(rank)  # CUDA: the previous step's stats; weights are still those after it
+        late_stop = self._settle(rank) if self.defer_stats else False  # the previous step's; weights are its own
         avg = avg.to(dev)
         off = 0
         for p in params:
             p.grad.copy_(avg[off:off + p.numel()].view_as(p))
             off += p.numel()
+        scale = item.denom.to(dev, non_blocking=True) / avg[off + 4].clamp_min(1e-12)
+        torch._foreach_mul_([p.grad for p in params], scale)  # one fused kernel; `avg` is shared: not in place
         torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
         lr = lr_at(item.step, self.cfg.train)
         for param_group in opt.param_groups:
             param_group["lr"] = lr
         opt.step()
-        self._pending[rank] = Pending(item.step, avg[off:], lr, len(group), rank == group[0])
+        step_stats = torch.cat([avg[off:off + 1] * scale, avg[off + 1:off + 4]])
+        self._pending[rank] = Pending(item.step, step_stats, lr, len(group), rank == group[0])
         if self.defer_stats:
             return late_stop if self.dist.active else any_stop
-        now_stop = self._settle(rank)  # CPU: no device to wait for, reported at once as before
+        now_stop = self._settle(rank)  # CPU: no device to wait for, reported at once
         return now_stop if self.dist.active else any_stop
 
     def _train_step_ddp(self, rank: int, item) -> bool:  # noqa: ANN001 - trainer.pipeline.Work

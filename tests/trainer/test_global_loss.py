@@ -14,9 +14,15 @@ import pytest
 import torch
 from global_loss_case import REPLICAS, forward, global_batch, models, weights
 from harness.sshd import free_port
+from trainer_harness import REPO, TINY
 
 from trainer.allreduce import mean_of
-from trainer.loss import global_denominator, weight_total
+from trainer.compile import drafter_forward
+from trainer.config import load_config
+from trainer.loss import block_inputs, global_denominator, label_mask, weight_total
+from trainer.masks import dense_mask
+from trainer.pipeline import Trainer
+from trainer.supervise import Fault
 
 WORKER = Path(__file__).with_name("global_loss_worker.py")
 # fp32 throughout: the concatenated batch and the replicas' average sum the same products in another order, so they
@@ -73,6 +79,36 @@ def test_replicas_averaged_give_the_gradient_of_the_concatenated_global_batch(lo
     _, local = replica_grads(lambda sl: None, loss_chunk)
     off = (mean_of(local) - want).abs().max()
     assert off > 1000 * (RTOL * want.abs().max() + ATOL), float(off)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the injected crash
+def test_a_replica_dead_under_continue_takes_its_labels_out_of_the_divisor(tmp_path):
+    """on_worker_failure = "continue", drafter-1 of three dies before its first step: the survivors' step is the
+    gradient (and the logged loss) of the token-weighted loss over their own rows alone — not scaled by their
+    share of a divisor that still counts the dead replica's labels."""
+    sets = {"runtime.compile_strategy": "off", "runtime.on_worker_failure": "continue", "train.steps": "1",
+            "train.batch_size": "2", "train.seq_len": "32", "train.grad_clip": "1e9", "train.log_interval": "1",
+            "train.checkpoint_interval": "0"}
+    trainer = Trainer(load_config(REPO / TINY, [f"{k}={v}" for k, v in sets.items()]), tmp_path,
+                      fault=Fault("drafter-1@0"))
+    start = copy.deepcopy(trainer.replicas[0])
+    assert trainer.n == 3 and trainer.run() == 0
+    assert (tmp_path / "errors" / "drafter-1.json").exists()
+
+    batch, w, bs = trainer.data.batch(0, 6), trainer.cpu_weights, trainer.cfg.drafter.block_size
+    shares = [float(weight_total(batch.anchors[r:r + 2], batch.ends[r:r + 2], w)) for r in (0, 2, 4)]
+    live = (shares[0] + shares[2]) / 2
+    assert abs(live / (sum(shares) / 3) - 1) > 0.01, shares  # the old divisor: 1000x the tolerance off
+    rows = torch.tensor([0, 1, 4, 5])  # drafter-0's and drafter-2's
+    ids, anchors, ends = batch.ids[rows], batch.anchors[rows], batch.ends[rows]
+    hidden = trainer.target.hidden_states(ids, trainer.layer_ids)
+    block_ids, block_pos, labels = block_inputs(ids, anchors, bs, trainer.target.mask_token_id)
+    loss, _, _ = drafter_forward(start, block_ids, block_pos, hidden, dense_mask(anchors, ids.shape[1], bs), labels,
+                                 w, False, label_mask(block_pos, ends))
+    loss.backward()
+    for survivor in (0, 2):
+        torch.testing.assert_close(_grads(trainer.replicas[survivor]), _grads(start), rtol=RTOL, atol=ATOL)
+    assert trainer.progress.loss == pytest.approx(float(loss), rel=RTOL)
 
 
 def test_ddp_of_two_processes_gives_the_gradient_of_the_concatenated_global_batch(tmp_path):

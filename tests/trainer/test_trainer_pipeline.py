@@ -161,3 +161,40 @@ def test_cuda_streams_setting_leaves_the_cpu_training_bit_identical(tmp_path):
         assert trainer.run() == 0
         finals.append(trainer.replicas[0].state_dict())
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+
+
+def test_continue_goes_on_when_a_drafter_crashes_after_its_peers_finished(tmp_path):
+    """A drafter leaves the all-reduce before its crash is recorded, so at the last step its peers may finish
+    first: under `continue` they are survivors (the run ends 0, naming the crash), not 'every drafter dead'."""
+    from trainer.supervise import FINISHED, Supervisor
+
+    sup = Supervisor(tmp_path, on_worker_failure="continue")
+    for name in ("coordinator", "drafter-0", "drafter-1"):
+        sup.register(name)
+    sup.set_state("drafter-0", FINISHED)
+    for name in ("drafter-1", "drafter-0"):
+        try:
+            raise RuntimeError(f"boom in {name}")
+        except RuntimeError as e:
+            sup.record_crash(name, type(e), e, e.__traceback__)
+        assert sup.abort.is_set() is (name == "drafter-0")  # the second crash leaves no drafter: abort
+
+
+def test_each_step_is_settled_once_where_stats_are_read_at_once(tmp_path):
+    """The CPU path reports a step's stats right after its optimizer step: one `_settle` per step (plus the drain
+    after a thread's last item, which the deferred path needs), not a second one that finds nothing pending."""
+    from collections import Counter
+
+    steps = 4
+    trainer = Trainer(small_config(**{"train.steps": str(steps)}), tmp_path, fault=Fault(None))
+    assert not trainer.defer_stats
+    calls: Counter[int] = Counter()
+    settle = trainer._settle
+
+    def counting(rank: int) -> bool:
+        calls[rank] += 1
+        return settle(rank)
+
+    trainer._settle = counting
+    assert trainer.run() == 0
+    assert dict(calls) == {r: steps + 1 for r in range(trainer.n)}
