@@ -199,7 +199,7 @@ def _proc(pid: int, gpu: int | None, uuid: str | None, mem: MiB | None, name: st
                     role, remedy_of(role, container, ours, pid, ns_pid), info.get("starttime"))
 
 
-def _gpu_remedy(g: HostGpu, ours: str | None) -> str | None:
+def _gpu_remedy(g: HostGpu) -> str | None:
     if g.finding not in (GpuFinding.IDLE_ALLOCATED, GpuFinding.ORPHANED):
         return None
     roles = {p.role for p in g.procs}
@@ -265,7 +265,7 @@ def build_view(replies: Sequence[Mapping[str, Any]], *, host: str, ours: str | N
                     h.temperature_c if h is not None else None,
                     sorted((p for p in placed if p.gpu == st.index), key=lambda p: -(p.used_memory_mib or 0)),
                     history=st.history)
-        g.remedy = _gpu_remedy(g, ours)
+        g.remedy = _gpu_remedy(g)
         view.gpus.append(g)
     view.unplaced += [p for p in placed if p.gpu is None]
     return view

@@ -71,11 +71,11 @@ def py_spy_error(text: bytes) -> str:
     return (first + (f" ({causes[0]})" if causes else ""))[:300]
 
 
-def py_spy_dump(exe: str, pid: int, starttime: int | None, timeout_s: float = PY_SPY_TIMEOUT_S) -> dict:
+def py_spy_dump(exe: str, pid: int, starttime: int | None) -> dict:
     """`py-spy dump --pid PID --json`; on failure once more with --nonblocking (it does not stop the process with
-    ptrace, which some containers refuse). {"method", "raw"} or {"error"}; never longer than timeout_s."""
+    ptrace, which some containers refuse). {"method", "raw"} or {"error"}; never longer than PY_SPY_TIMEOUT_S."""
     env = dict(os.environ, RUST_BACKTRACE="0", RUST_LIB_BACKTRACE="0")
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + PY_SPY_TIMEOUT_S
     errors: list[str] = []
     for extra in ([], ["--nonblocking"]):
         label = " ".join(["py-spy", *extra])
@@ -88,7 +88,7 @@ def py_spy_dump(exe: str, pid: int, starttime: int | None, timeout_s: float = PY
                                env=env, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             _resume_if_left_stopped(pid, before)
-            errors.append(f"{label}: no answer within {timeout_s:.0f} s")
+            errors.append(f"{label}: no answer within {PY_SPY_TIMEOUT_S:.0f} s")
             continue
         except OSError as e:
             errors.append(f"{label}: cannot run {exe}: {e.strerror or e}")
@@ -143,10 +143,10 @@ def _size(path: str) -> int:
         return 0
 
 
-def signal_dumps(run_dir: str, targets: dict, wait_s: float = DUMP_WAIT_S) -> dict:
+def signal_dumps(run_dir: str, targets: dict) -> dict:
     """Send the dump signal to every pid of targets (pid -> start time, re-checked right before the signal) at once
     and read what each appends to its dump file: pid -> {"method", "raw", "threads"} or {"error"}. Waits at most
-    wait_s for all together; a dump is complete once its file has grown and then not grown for two polls."""
+    DUMP_WAIT_S for all together; a dump is complete once its file has grown and then not grown for two polls."""
     if not targets:
         return {}
     try:
@@ -156,13 +156,13 @@ def signal_dumps(run_dir: str, targets: dict, wait_s: float = DUMP_WAIT_S) -> di
     try:
         if lock is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)  # two captures at once (the sentinel's, a user's) would mix their dumps
-        return _signal_dumps(run_dir, targets, wait_s)
+        return _signal_dumps(run_dir, targets)
     finally:
         if lock is not None:
             os.close(lock)
 
 
-def _signal_dumps(run_dir: str, targets: dict, wait_s: float) -> dict:
+def _signal_dumps(run_dir: str, targets: dict) -> dict:
     results: dict = {}
     start_size: dict = {}
     for pid, starttime in targets.items():
@@ -178,7 +178,7 @@ def _signal_dumps(run_dir: str, targets: dict, wait_s: float) -> dict:
     seen = dict(start_size)
     still = {pid: 0 for pid in start_size}  # polls since the file last grew
     pending = set(start_size)
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + DUMP_WAIT_S
     while pending and time.monotonic() < deadline:
         time.sleep(0.05)
         for pid in sorted(pending):
@@ -190,8 +190,8 @@ def _signal_dumps(run_dir: str, targets: dict, wait_s: float) -> dict:
     for pid, size0 in start_size.items():
         if seen[pid] <= size0:
             state = _state(pid)
-            why = f"no dump within {wait_s:.0f} s of SIGUSR1" + (f" (process state {state})" if state else " (gone)")
-            results[pid] = {"error": why}
+            results[pid] = {"error": f"no dump within {DUMP_WAIT_S:.0f} s of SIGUSR1"
+                            + (f" (process state {state})" if state else " (gone)")}
             continue
         raw = _read_from(dump_path(run_dir, pid), size0)
         names = read_json(threads_path(run_dir, pid)) or {}
@@ -200,11 +200,11 @@ def _signal_dumps(run_dir: str, targets: dict, wait_s: float) -> dict:
     return results
 
 
-def _read_from(path: str, offset: int, limit: int = 4 << 20) -> str:
+def _read_from(path: str, offset: int) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(offset)
-            return f.read(limit).decode("utf-8", "replace")
+            return f.read(4 << 20).decode("utf-8", "replace")
     except OSError:
         return ""
 
