@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dflashctl import bounds
-from dflashctl.errors import ConfigError
+from dflashctl.errors import ConfigError, toml_type
 from dflashctl.model import Cluster, Host, JudgeSettings
 
 HOST_KEYS = (
@@ -156,7 +156,7 @@ def parse_inventory(text: str, path: Path) -> Inventory:
     default = doc.get("default")
     if default is not None:
         if not isinstance(default, str):
-            raise where.error(None, "default", f"must be a host name string, not {_tname(default)}")
+            raise where.error(None, "default", f"must be a host name string, not {toml_type(default)}")
         if default not in hosts:
             known = ", ".join(hosts) or "none"
             raise where.error(None, "default", f"names host {default!r}, which is not defined (known: {known})")
@@ -238,11 +238,6 @@ class _Where:
         return ConfigError(f"{loc}: {table}{what}{problem}", hint=hint or "see docs/hosts.md for every key")
 
 
-def _tname(v: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
-            dict: "a table"}.get(type(v), type(v).__name__)
-
-
 def _host(name: str, t: dict[str, Any], where: _Where) -> Host:
     for key in t:
         if key not in HOST_KEYS:
@@ -253,7 +248,7 @@ def _host(name: str, t: dict[str, Any], where: _Where) -> Host:
     def string(key: str) -> str | None:
         v = t.get(key)
         if v is not None and (not isinstance(v, str) or not v):
-            raise where.error(name, key, f"must be a non-empty string, not {_tname(v) if v != '' else 'empty'}")
+            raise where.error(name, key, f"must be a non-empty string, not {toml_type(v) if v != '' else 'empty'}")
         return v
 
     transport = string("transport") or ("ssh" if "address" in t else "local")
@@ -275,7 +270,7 @@ def _host(name: str, t: dict[str, Any], where: _Where) -> Host:
         raise where.error(name, "container", f"must be a CTID (a positive integer like 200), not {container!r}")
     accept = t.get("accept_new_host_key", False)
     if type(accept) is not bool:
-        raise where.error(name, "accept_new_host_key", f"must be true or false, not {_tname(accept)}")
+        raise where.error(name, "accept_new_host_key", f"must be true or false, not {toml_type(accept)}")
     persist = t.get("persist", Host.persist_s)
     if bounds.problem(persist, bounds.PERSIST_S):
         raise where.error(name, "persist", f"{bounds.problem(persist, bounds.PERSIST_S)} (0 = no connection master)")
@@ -335,7 +330,7 @@ def _progress_regex(name: str, t: dict[str, Any], where: _Where) -> str | None:
     if v is None:
         return None
     if not isinstance(v, str):
-        raise where.error(name, "progress_regex", f"must be a string (a regex), not {_tname(v)}")
+        raise where.error(name, "progress_regex", f"must be a string (a regex), not {toml_type(v)}")
     try:
         custom(v)
     except ProgressRegexError as e:
@@ -352,7 +347,7 @@ def _command(name: str, t: dict[str, Any], where: _Where) -> tuple[str, ...] | N
     if v is None:
         return None
     if not isinstance(v, list) or not v or any(not isinstance(a, str) for a in v) or not v[0]:
-        got = "an empty array" if v == [] else repr(v) if isinstance(v, list) else _tname(v)
+        got = "an empty array" if v == [] else repr(v) if isinstance(v, list) else toml_type(v)
         raise where.error(name, "command", f'must be a non-empty array of strings like ["python", "train.py"], '
                                            f"not {got}",
                           hint='the argv as the program gets it, no shell: ["torchrun", "--nproc-per-node", "8", '
@@ -366,7 +361,7 @@ def _code_keys(name: str, t: dict[str, Any], where: _Where) -> dict[str, Any]:
     src = t.get("code_source")
     if src is not None:
         if not isinstance(src, str) or not src:
-            what = _tname(src) if src != "" else "empty"
+            what = toml_type(src) if src != "" else "empty"
             raise where.error(name, "code_source", f"must be a directory path string, not {what}")
         p = Path(src).expanduser()
         out["code_source"] = str(p if p.is_absolute() else (where.path.parent / p).resolve())

@@ -40,6 +40,12 @@ class ConfigError(DflashError):
     exit_code = ExitCode.USAGE
 
 
+def toml_type(v: object) -> str:
+    """What a hosts.toml value is, as a ConfigError names it (`must be a string, not an integer`)."""
+    return {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
+            dict: "a table"}.get(type(v), type(v).__name__)
+
+
 class NotFound(DflashError):
     exit_code = ExitCode.NOT_FOUND
 

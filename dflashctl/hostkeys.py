@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dflashctl.analysis import watchspec as spec
-from dflashctl.errors import ConfigError
+from dflashctl.errors import ConfigError, toml_type
 
 NOTIFY_KEYS = ("webhook", "slack", "ntfy", "command", "events", "min_gap")
 
@@ -35,11 +35,6 @@ class KeyProblem(ConfigError):
     def __init__(self, key: str, message: str, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.key = key
-
-
-def _tname(v: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
-            dict: "a table"}.get(type(v), type(v).__name__)
 
 
 def _check(key: str, parse: Callable[[Any], Any], value: Any) -> Any:
@@ -57,7 +52,7 @@ def _string(t: Mapping[str, Any], key: str, parse: Callable[[Any], Any], example
     if v is None:
         return None
     if not (isinstance(v, str) or (numbers and type(v) in (int, float))):
-        raise KeyProblem(key, f"must be a string like {example!r}, not {_tname(v)}")
+        raise KeyProblem(key, f"must be a string like {example!r}, not {toml_type(v)}")
     _check(key, parse, v)
     return str(v)
 
@@ -81,7 +76,7 @@ def host_keys(t: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "sentinel" in t:
         if type(t["sentinel"]) is not bool:
-            raise KeyProblem("sentinel", f"must be true or false, not {_tname(t['sentinel'])}")
+            raise KeyProblem("sentinel", f"must be true or false, not {toml_type(t['sentinel'])}")
         out["sentinel"] = t["sentinel"]
     if "sentinel_interval" in t:
         out["sentinel_interval_s"] = _check("sentinel_interval", _seconds("INTERVAL_S"), t["sentinel_interval"])
@@ -113,7 +108,7 @@ def host_keys(t: Mapping[str, Any]) -> dict[str, Any]:
         values = notify.get(kind, [])
         for v in values if isinstance(values, list) else [values]:
             if not isinstance(v, str):
-                raise KeyProblem(f"notify.{kind}", f"must be a string or an array of strings, not {_tname(v)}")
+                raise KeyProblem(f"notify.{kind}", f"must be a string or an array of strings, not {toml_type(v)}")
             _check(f"notify.{kind}", lambda x, k=kind: spec.parse_target(x, k), v)
             targets.append(f"{kind}:{v}")
     out["notify"] = tuple(targets)

@@ -296,6 +296,12 @@ def test_a_malformed_sentinel_key_names_file_line_and_key(tmp_path: Path, body: 
     assert problem in e.message, e.message
 
 
+@pytest.mark.parametrize("key", ["accept_new_host_key", "sentinel"])  # a host key (config.py), a sentinel key
+def test_a_value_of_the_wrong_type_is_named_by_its_toml_type(tmp_path: Path, key: str) -> None:
+    e = error_of(f'[hosts.pve]\naddress = "pve1.example.invalid"\n{key} = 1\n', tmp_path)
+    assert e.message.endswith(f"[hosts.pve] {key}: must be true or false, not an integer"), e.message
+
+
 def test_the_judge_settings_are_parsed_once_and_every_judge_receives_that_object(tmp_path: Path) -> None:
     """hosts.toml `stall_window` and `progress_regex` become one JudgeSettings on the Host; `status` (its Watcher),
     `runs`/`logs` (the pattern) and the sentinel (through launch.json) all get that object, not their own parse."""
