@@ -3,7 +3,7 @@ there, not here).
 
 Three modes, one file:
 
-* launch (the client sends this source on stdin with a SPEC appended): creates the run
+* launch (`python3 <archive> launch`, the SPEC on stdin; agent/verbs.py): creates the run
   directory exclusively, config.toml (the bundled trainer only), meta.json and train.log (before
   anything starts), points runs/latest at it, then forks a supervisor in a new session with stdin
   /dev/null, stdout and stderr on train.log and every other fd closed, so `pct exec` / ssh return at
@@ -11,8 +11,9 @@ Three modes, one file:
   `python -m trainer --config … --run-dir …` (the bundled trainer), or any argv (`launch --exec`), or
   `bash -c CMD` (`launch --shell`), started in <workspace>/code with the run's own variables
   (DFLASH_RUN_ID, DFLASH_RUN_DIR, PYTHONUNBUFFERED=1 and the user's --env).
-* supervise (`python3 <run-dir>/launcher.py supervise <run-dir>`, exec'd with DFLASH_RUN_ID in its
-  environment): writes its own pid to `supervisor.pid`, starts the program as the leader of its
+* supervise (`python3 <run-dir>/agent.pyz supervise <run-dir>`, exec'd with DFLASH_RUN_ID in its
+  environment; the launch copies the archive it runs from into the run, so every attempt of a run and its sentinel
+  run the code that started it): writes its own pid to `supervisor.pid`, starts the program as the leader of its
   own process group, writes `pid`, forwards SIGTERM to the group, waits, ends what is left of the
   group and every other process carrying the run's marker (torchrun's workers run in sessions of
   their own), and writes `exit_code` atomically, so a crash is recorded though nobody is attached.
@@ -22,13 +23,12 @@ Three modes, one file:
   process's identity (pid, start time, boot time, argv, cwd), `pid`, and `train.log` a symlink to the
   log it writes. Under the same lock as launch: never beside a live run.
 
-Whether a run is alive is the one rule (agent/lib/runstate.py `liveness`), pasted into this file with the
-rest of agent/lib as it travels (remote/scripts.py), not a copy of it.
+Whether a run is alive is the one rule (agent/lib/runstate.py `liveness`), imported from the same archive, not a
+copy of it.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
 import json
@@ -40,7 +40,6 @@ import subprocess
 import sys
 import time
 
-from dflashctl.agent.lib.adoption import adopt  # noqa: F401 - `launcher adopt` (remote/scripts.py)
 from dflashctl.agent.lib.attempts import SPEC_FILE, relaunch, wait_before_start
 from dflashctl.agent.lib.checkpoints import newest_checkpoint, take_checkpoint
 from dflashctl.agent.lib.compilecache import run_cache_env
@@ -60,16 +59,16 @@ from dflashctl.agent.lib.reaping import KILL_WAIT_S, end_group
 from dflashctl.agent.lib.rundir import HASH_FILE, lock_runs, mkdir_exclusive, now_iso, point_latest
 from dflashctl.agent.lib.runmeta import write_meta
 from dflashctl.agent.lib.runstate import live_latest
-from dflashctl.agent.lib.sentinelproc import end_sentinel, start_sentinel, unreachable
+from dflashctl.agent.lib.sentinelproc import AGENT_FILE, end_sentinel, start_sentinel, unreachable
 
 GROUP_GRACE_S = 5.0
 
 
-def launch(spec: dict, source: str) -> int:
-    return emit(start(spec, source))
+def launch(spec: dict, archive: str) -> int:
+    return emit(start(spec, archive))
 
 
-def start(spec: dict, source: str, *, wait_pid: bool = True) -> dict:
+def start(spec: dict, archive: str, *, wait_pid: bool = True) -> dict:
     """Create the run directory and fork its supervisor; the reply's doc (an {"error"} doc when refused)."""
     cwd = spec["cwd"]
     command, shell = spec.get("command"), spec.get("shell")
@@ -100,7 +99,7 @@ def start(spec: dict, source: str, *, wait_pid: bool = True) -> dict:
             return {"error": "no-checkpoint", "message": f"run {resume} has no checkpoint to resume from"}
     if spec.get("exact_id") and os.path.lexists(os.path.join(spec["runs_dir"], spec["base_id"])):
         return {"error": "run-dir", "message": f"run {spec['base_id']} already exists in {spec['runs_dir']}"}
-    need = len(source) + len(spec.get("sentinel_zip_b64") or "") + len(json.dumps(spec)) + SPACE_MARGIN
+    need = os.path.getsize(archive) + len(json.dumps(spec)) + SPACE_MARGIN
     full = no_space(spec["runs_dir"], need)
     if full:
         return {"error": "disk-full", "message": full}
@@ -111,7 +110,7 @@ def start(spec: dict, source: str, *, wait_pid: bool = True) -> dict:
         return {"error": "run-dir", "message": str(e)}
     previous = readlink(os.path.join(spec["runs_dir"], "latest"))
     try:
-        return _fill_and_start(spec, source, run_id, run_dir, checkpoint, resume, exec_mode, command, shell,
+        return _fill_and_start(spec, archive, run_id, run_dir, checkpoint, resume, exec_mode, command, shell,
                                config_src, cwd, wait_pid)
     except OSError as e:  # a disk that filled up meanwhile: nothing half-made is left behind
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -121,7 +120,7 @@ def start(spec: dict, source: str, *, wait_pid: bool = True) -> dict:
         return {"error": "run-dir", "message": f"could not create run {run_id}: {e}"}
 
 
-def _fill_and_start(spec: dict, source: str, run_id: str, run_dir: str, checkpoint, resume, exec_mode: bool,  # noqa: ANN001
+def _fill_and_start(spec: dict, archive: str, run_id: str, run_dir: str, checkpoint, resume, exec_mode: bool,  # noqa: ANN001
                     command, shell, config_src, cwd: str, wait_pid: bool) -> dict:  # noqa: ANN001
     resumed = take_checkpoint(checkpoint, run_dir, resume) if resume and checkpoint else None
     meta = dict(spec["meta"])
@@ -162,11 +161,9 @@ def _fill_and_start(spec: dict, source: str, run_id: str, run_dir: str, checkpoi
                              "what": "program" if exec_mode else "trainer", "sentinel": spec.get("sentinel"),
                              "wait": spec.get("wait"), "gpu_health": spec.get("gpu_health")}).encode())
     os.chmod(os.path.join(run_dir, "launch.json"), 0o600)  # its env values and notify URLs: the owner's only
-    write_atomic(os.path.join(run_dir, "launcher.py"), source.encode())
-    if spec.get("sentinel_zip_b64"):
-        write_atomic(os.path.join(run_dir, "sentinel.pyz"), base64.b64decode(spec["sentinel_zip_b64"]))
-    write_atomic(os.path.join(run_dir, SPEC_FILE),
-                 json.dumps({k: v for k, v in spec.items() if k not in ("sentinel_zip_b64", "wait")}).encode())
+    with open(archive, "rb") as f:
+        write_atomic(os.path.join(run_dir, AGENT_FILE), f.read())
+    write_atomic(os.path.join(run_dir, SPEC_FILE), json.dumps({k: v for k, v in spec.items() if k != "wait"}).encode())
     os.chmod(os.path.join(run_dir, SPEC_FILE), 0o600)
     log_fd = os.open(os.path.join(run_dir, "train.log"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
     point_latest(spec["runs_dir"], run_id)
@@ -181,8 +178,7 @@ def _fill_and_start(spec: dict, source: str, run_id: str, run_dir: str, checkpoi
             os.dup2(log_fd, 1)
             os.dup2(log_fd, 2)
             _close_other_fds()
-            script = os.path.join(run_dir, "launcher.py")
-            os.execve(sys.executable, [sys.executable, script, "supervise", run_dir], env)
+            os.execve(sys.executable, [sys.executable, os.path.join(run_dir, AGENT_FILE), "supervise", run_dir], env)
         except BaseException as e:  # noqa: BLE001 - nothing may escape a forked child
             os.write(2, f"[dflashctl] could not start the supervisor: {e}\n".encode())
             write_atomic(os.path.join(run_dir, "exit_code"), b"127\n")
@@ -243,6 +239,14 @@ def _close_other_fds() -> None:
                 os.close(fd)
 
 
+def supervise_main(argv: list) -> int:
+    """`supervise RUN_DIR` (agent/verbs.py)."""
+    if len(argv) != 1:
+        sys.stderr.write("usage: python3 agent.pyz supervise RUN_DIR\n")
+        return 2
+    return supervise(argv[0])
+
+
 def supervise(run_dir: str) -> int:
     with open(os.path.join(run_dir, "launch.json")) as f:
         spec = json.load(f)
@@ -269,7 +273,7 @@ def supervise(run_dir: str) -> int:
         write_atomic(exit_path, b"127\n")
         return 127
     write_atomic(os.path.join(run_dir, "pid"), f"{proc.pid}\n".encode())
-    sentinel = start_sentinel(run_dir, _say)
+    sentinel = start_sentinel(run_dir, bool(spec.get("sentinel")), _say)
 
     def forward(signum: int, _frame: object) -> None:
         with contextlib.suppress(OSError):
@@ -348,6 +352,3 @@ def _reap_marked(run_id: str | None, run_dir: str, spare: tuple = ()) -> int:
             break
     return len(found)
 
-
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "supervise":
-    sys.exit(supervise(sys.argv[2]))

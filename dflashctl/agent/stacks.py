@@ -1,7 +1,7 @@
 """`dflashctl stacks`, the container side, and capture() for the run's sentinel (stdlib only; runs there).
 
 The run's processes are those carrying its marker (DFLASH_RUN_ID and DFLASH_RUN_DIR); its supervisor
-(supervisor.pid) and its sentinel (argv names sentinel.pyz) are left out unless asked. Each is dumped with py-spy
+(supervisor.pid) and its sentinel (argv `agent.pyz sentinel`) are left out unless asked. Each is dumped with py-spy
 when the container has it, else with the trainer's dump signal when it registered one (lib/pystacks.py), else it
 gets a one-line reason. The raw dumps travel as they are (the laptop parses them: analysis/stacks.py) with each
 frame's line of code read here, and can be saved as <run>/stacks/capture-<UTC stamp>.json.
@@ -35,6 +35,7 @@ from dflashctl.agent.lib.pystacks import (
 )
 from dflashctl.agent.lib.rundir import now_iso
 from dflashctl.agent.lib.runmeta import read_meta
+from dflashctl.agent.lib.sentinelproc import is_sentinel
 
 DOC_VERSION = 1
 PY_SPY_PARALLEL = 8
@@ -46,7 +47,7 @@ def _role(pid: int, argv: list, program: int | None, supervisor: int | None) -> 
         return "program"
     if pid == supervisor:
         return "supervisor"
-    if any(str(a).endswith("sentinel.pyz") for a in argv):
+    if is_sentinel(argv):
         return "sentinel"
     return "child"
 

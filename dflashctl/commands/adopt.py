@@ -19,7 +19,7 @@ from dflashctl.commands.launch import LaunchRefused
 from dflashctl.commands.program import program_name, run_slug
 from dflashctl.commands.runlookup import runs_dir
 from dflashctl.errors import ConfigError, DflashError, ExitCode, NotFound
-from dflashctl.remote import probe, scripts
+from dflashctl.remote import agentcall, probe
 from dflashctl.remote.target import Target
 
 
@@ -109,7 +109,7 @@ def adopt(target: Target, pid: int, log: str, name: str | None = None) -> AdoptR
         "meta": {"name": name, "host": host.name, "container": host.container, "config": None, "code_hash": None,
                  "gpus": {"target": list(host.gpus_target), "drafters": list(host.gpus_drafters)}},
     }
-    res = scripts.call(target, "launcher", "adopt", spec, timeout=60)
+    res = agentcall.call(target, "adopt", spec, timeout=60)
     error = res.get("error")
     if error == "no-such-pid":
         ct = host.container

@@ -22,7 +22,7 @@ from dflashctl.commands.status import StatusView, status_once
 from dflashctl.config import Inventory
 from dflashctl.errors import ConfigError, DflashError, ExitCode
 from dflashctl.model import Cluster, Host, Verdict
-from dflashctl.remote import scripts
+from dflashctl.remote import agentcall
 from dflashctl.remote.target import Target
 
 NODE_DEADLINE_S = 60.0
@@ -228,7 +228,7 @@ def stop_all(inv: Inventory, first: Host, member_list: list[tuple[str, int]], ru
 
 def _mark_stopped(t: Target, run_id: str) -> None:
     """The reaper's `stopped` marker alone, on a node whose run is alive (agent/reaper.py mark)."""
-    scripts.call(t, "reaper", "mark", {"run_dir": f"{runs_dir(t.host.workspace)}/{run_id}", "run_id": run_id})
+    agentcall.call(t, "mark", {"run_dir": f"{runs_dir(t.host.workspace)}/{run_id}", "run_id": run_id})
 
 
 def tails(inv: Inventory, first: Host, member_list: list[tuple[str, int]], run_id: str, lines: int,

@@ -24,7 +24,7 @@ from dflashctl.agent import codetree
 from dflashctl.config import host_key_error
 from dflashctl.errors import ConfigError, DflashError, ExitCode
 from dflashctl.model import Host
-from dflashctl.remote import scripts
+from dflashctl.remote import agentcall
 from dflashctl.remote.target import Target
 
 MiB = 1024 * 1024
@@ -186,7 +186,7 @@ def files_of(src: Source, limits: Limits) -> list[tuple[str, str, int]]:
 def check(target: Target, source: Path | None = None, *, limits: Limits | None = None) -> CodeState:
     src = resolve_source(target.host, source)
     entries = files_of(src, limits or Limits.of(target.host))
-    remote = scripts.call(target, "codetree", "state", {"workspace": target.host.workspace}, timeout=120)
+    remote = agentcall.call(target, "code-state", {"workspace": target.host.workspace}, timeout=120)
     with _reading(src):
         local_hash = codetree.digest(entries)
     return CodeState(local_hash, remote.get("actual"), remote.get("recorded"), remote.get("path"),
@@ -204,8 +204,8 @@ def deploy(target: Target, source: Path | None = None, *, force: bool = False,
     entries = files_of(src, limits or Limits.of(target.host))
     with _reading(src):
         data = codetree.pack(str(src.path), src.prefix, entries)
-    res = scripts.call(target, "codetree", "install", {"workspace": target.host.workspace, "hash": state.local_hash},
-                       data=data, timeout=300)
+    res = agentcall.call(target, "code-install", {"workspace": target.host.workspace, "hash": state.local_hash},
+                         data=data, timeout=300)
     if "error" in res:
         raise DflashError(f"deploy to {target.host.name} failed: {res['error']}", exit_code=ExitCode.CRASHED,
                           hint="a file changed while it was sent? run deploy again" if "mismatch" in res["error"]

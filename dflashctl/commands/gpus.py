@@ -11,23 +11,16 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from dflashctl.analysis.gpuwindow import Thresholds
 from dflashctl.analysis.hostgpus import HostView, Runs, build_view
 from dflashctl.errors import DflashError, ExitCode
-from dflashctl.remote import probe, scripts
+from dflashctl.remote import agentcall, probe
 from dflashctl.remote.target import Target
 
 RUNS_REFRESH_S = 10.0  # a watch asks the container for its live run this often
 WINDOW = 120  # a watch keeps this many host readings (the findings' window and the sparklines' history)
-
-
-@lru_cache(maxsize=1)
-def host_probe_source() -> str:
-    """agent/probe/hostgpus.py as it travels (on stdin to `python3 -`)."""
-    return scripts.module_source("probe.hostgpus")
 
 
 @dataclass
@@ -39,20 +32,15 @@ class Reading:
     runs_note: str | None = None
 
 
-def _host_argv(target: Target, *extra: str) -> tuple[list[str], bool]:
-    """The host probe's argv (its source goes on stdin: `PYTHON -c <loader>` runs it from the target's compiled-code
-    cache, as the status probe does, instead of compiling its 42 kB again on each call), and whether it runs on the
-    Proxmox host (outside the container)."""
-    if target.host.container is not None:
-        return ["python3", "-c", probe.loader_source(), *extra], True
-    return [target.host.python, "-c", probe.loader_source(), *extra], False
+def _on_host(target: Target) -> bool:
+    """Whether the host probe runs on the Proxmox host (outside the container) rather than on the machine itself."""
+    return target.host.container is not None
 
 
 def host_reading(target: Target, timeout: float | None = 60) -> dict[str, Any]:
     """One host probe reply (DflashError when it printed none)."""
-    argv, on_host = _host_argv(target)
-    run = target.run_host if on_host else target.run
-    res = run(argv, stdin=host_probe_source().encode(), timeout=timeout)
+    on_host = _on_host(target)
+    res = agentcall.run(target, "hostgpus", timeout=timeout, on_host=on_host)
     docs = probe.parse_frames(res.stdout)
     if not docs:
         where = "the Proxmox host" if on_host else target.host.name
@@ -106,15 +94,13 @@ def snapshot(target: Target, timeout: float | None = 60) -> HostView:
 def watch(target: Target, interval: float = 2.0) -> Iterator[HostView]:
     """One view per host reading from one long-running host probe (`--watch`), the GPUs judged over the readings
     kept (WINDOW); the container's runs asked again every RUNS_REFRESH_S. Close the iterator to stop it."""
-    argv, on_host = _host_argv(target, "--watch", f"{interval:g}")
-    stream = target.transport.stream(argv, stdin=host_probe_source().encode()) if on_host else \
-        target.stream(argv, stdin=host_probe_source().encode())
+    stream = agentcall.stream(target, "hostgpus", "--watch", f"{interval:g}", on_host=_on_host(target))
     docs: list[dict[str, Any]] = []
     runs, note = container_runs(target)
     asked = time.monotonic()
     try:
         for line in stream:
-            doc = scripts.parse_reply(line.decode("utf-8", "replace"))
+            doc = agentcall.parse_reply(line.decode("utf-8", "replace"))
             if doc is None:
                 continue
             docs = [*docs[-(WINDOW - 1):], doc]

@@ -21,10 +21,10 @@ from typing import Any, Literal
 from dflashctl.commands.fanout import fan_out
 from dflashctl.errors import DflashError, ExitCode, RemoteFailed, RemoteTimeout
 from dflashctl.model import Host
-from dflashctl.remote import connect
+from dflashctl.remote import agentcall, connect
+from dflashctl.remote.agentcall import parse_replies
 from dflashctl.remote.masterclient import MasterInfo, end_master, list_masters
 from dflashctl.remote.masterwire import connection_key
-from dflashctl.remote.scripts import module_source, parse_replies
 
 Status = Literal["ok", "warn", "fail", "skip"]
 CHECKS = ("connect", "container", "python", "gpus", "devices", "driver", "workspace", "disk", "py-spy")
@@ -107,7 +107,7 @@ def check_host(host: Host, *, timeout: float = 60.0) -> HostReport:
             except DflashError as e:
                 return _stop(report, "container", e)
         try:
-            res = target.python(module_source("check"), host.workspace, timeout=timeout)
+            res = agentcall.run(target, "check", host.workspace, timeout=timeout)
             info = _parse(res.out)
         except DflashError as e:
             return _stop(report, "python", e)
@@ -140,8 +140,7 @@ def _parse(out: str) -> dict[str, Any] | None:
 def _host_side(target: Any, timeout: float) -> dict[str, Any]:
     """The Proxmox host's half (agent/hostcheck.py): the CT's conf lines, the device majors, the kernel module."""
     try:
-        res = target.run_host(["python3", "-", str(target.host.container)], stdin=module_source("hostcheck").encode(),
-                              timeout=timeout)
+        res = agentcall.run(target, "hostcheck", str(target.host.container), timeout=timeout, on_host=True)
     except DflashError as e:
         return {"error": e.message}
     doc = _parse(res.out)

@@ -15,7 +15,6 @@ and the report of one that died early are in waiting.py. Both are re-exported, s
 
 from __future__ import annotations
 
-import base64
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from dflashctl.commands.runs import get_run, list_runs
 from dflashctl.commands.sentinel import sentinel_spec
 from dflashctl.commands.waiting import LaunchFailed, LogKeeper, WaitFor, WaitResult, failure, log_excerpt, wait
 from dflashctl.errors import ConfigError, DflashError, ExitCode, NotFound
-from dflashctl.remote import bundle, probe, scripts
+from dflashctl.remote import agentcall, agentpack, probe
 from dflashctl.remote.target import Target
 from dflashctl.report import ProbeReport
 
@@ -164,7 +163,6 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
         "slug": slug,
         "sentinel": watch.to_record() if watch else None,
         "gpu_health": gpu_health,
-        "sentinel_zip_b64": base64.b64encode(bundle.sentinel_zip()).decode() if watch else None,
         "meta": {
             "name": name,
             "host": host.name,
@@ -175,13 +173,13 @@ def launch(target: Target, opts: LaunchOptions, *, say: Callable[[str], None] = 
             "gpus": {"target": list(host.gpus_target), "drafters": list(host.gpus_drafters)},
             "launched_by": "dflashctl",
             "kind": "train" if command is None else "exec",
-            "sentinel": {"sha256": bundle.sentinel_sha256()} if watch else None,
+            "sentinel": {"sha256": agentpack.sha256()} if watch else None,  # the agent archive it runs from
             "env": sorted(opts.env),  # the names given with --env (their values are in launch.json)
             **({} if opts.shell is None else {"shell": opts.shell}),
             **opts.meta,
         },
     }
-    res = scripts.call(target, "launcher", "launch", spec, pass_source=True, timeout=60)
+    res = agentcall.call(target, "launch", spec, timeout=60)
     if res.get("error") == "run-alive":  # another launch got there between our preflight and now
         raise LaunchRefused(f"{res['message']} on {host.name} (started while this launch was checking)",
                             hint=f"stop it first: dflashctl stop {res['run_id']}")

@@ -14,7 +14,7 @@ from dflashctl.analysis.safe_names import safe_name
 from dflashctl.analysis.stacks import ProcessStacks, processes_from_capture
 from dflashctl.commands.runs import get_run
 from dflashctl.errors import DflashError, ExitCode
-from dflashctl.remote import scripts
+from dflashctl.remote import agentcall
 from dflashctl.remote.target import Target
 
 CALL_TIMEOUT_S = 180.0  # py-spy is bounded at 10 s a process (8 at once), the dump signal at 5 s
@@ -57,7 +57,7 @@ def stacks(target: Target, run: str | None, *, include_all: bool = False, save: 
     info, _ = get_run(target, run)
     safe_name(info.id, "run id", target.host.name)  # it names the capture's folder and is shown
     spec = {"run_dir": info.dir, "run_id": info.id, "reason": "dflashctl stacks", "all": include_all, "save": save}
-    doc = scripts.call(target, "stacks", "main", spec, timeout=CALL_TIMEOUT_S)
+    doc = agentcall.call(target, "stacks", spec, timeout=CALL_TIMEOUT_S)
     res = StacksResult(info.id, target.host.name, info.dir, doc.get("py_spy"), doc.get("py_spy_version"),
                        processes_from_capture(doc), list(doc.get("skipped") or []), doc.get("saved"),
                        doc.get("save_error"))

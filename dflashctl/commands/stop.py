@@ -17,7 +17,7 @@ from dflashctl.analysis.gpus import memory_by_index
 from dflashctl.commands.runs import get_run
 from dflashctl.errors import DflashError, ExitCode
 from dflashctl.model import GpuReport
-from dflashctl.remote import scripts
+from dflashctl.remote import agentcall
 from dflashctl.remote.target import Target
 
 
@@ -72,7 +72,7 @@ def stop(target: Target, run: str | None, *, grace_s: float = 30.0) -> StopResul
         raise NotRunning(f"run {info.id} {state}; nothing to stop",
                          hint="see `dflashctl runs` for what is running")
     spec = {"run_dir": info.dir, "run_id": info.id, "grace_s": grace_s, "identity": identity}
-    res = scripts.call(target, "reaper", "stop", spec, timeout=grace_s + 60)
+    res = agentcall.call(target, "stop", spec, timeout=grace_s + 60)
     if res.get("outcome") != "stopped":
         if identity is not None:
             why = ("its pid now names another process, which is left alone" if res.get("changed")

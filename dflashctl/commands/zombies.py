@@ -10,7 +10,7 @@ from typing import Any
 
 from dflashctl.analysis.zombies import KILL, ZombieRow, ZombieScan, classify
 from dflashctl.commands import gpuzombies
-from dflashctl.remote import probe, scripts
+from dflashctl.remote import agentcall, probe
 from dflashctl.remote.target import Target
 
 
@@ -65,7 +65,7 @@ def kill(target: Target, found: ZombieScan, grace_s: float = 10.0) -> KillReport
     if victims:
         spec = {"targets": [{"pid": r.pid, "starttime": r.starttime, "marker": r.run_id} for r in victims],
                 "grace_s": grace_s}
-        res = scripts.call(target, "reaper", "kill", spec, timeout=grace_s + 60)
+        res = agentcall.call(target, "kill", spec, timeout=grace_s + 60)
         outcomes = res.get("results") or {}
         for r in victims:
             o = outcomes.get(str(r.pid)) or {"outcome": "unknown"}

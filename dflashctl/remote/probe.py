@@ -1,10 +1,8 @@
-"""The probe's laptop side: the probe is one stdlib-only Python program sent on stdin, so it always matches
-this CLI.
+"""The probe's laptop side: the probe is the `probe` verb of the agent archive (remote/agentcall.py), so it always
+matches this CLI.
 
-It is dflashctl/agent/probe/main.py with the agent modules it imports pasted in (remote/scripts.py
-module_source; each is importable, so each is unit-tested on its own), and it prints each report as ONE
-framed reply line (agent/lib/frame.py); anything else on stdout (login banners, locale warnings) is ignored
-by the one parser, scripts.parse_reply.
+It is dflashctl/agent/probe/main.py, and it prints each report as ONE framed reply line (agent/lib/frame.py);
+anything else on stdout (login banners, locale warnings) is ignored by the one parser, agentcall.parse_reply.
 
 What it is asked: one ProbeRequest (agent/probe/request.py), sent as its to_argv() and read back by the probe with
 from_argv(); probe_doc / probe_once / stream_docs build it from their keywords.
@@ -37,13 +35,13 @@ import contextlib
 import dataclasses
 import threading
 from collections.abc import Generator, Iterator
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from dflashctl.agent.probe.request import DEFAULT_LOG_MAX, ProbeRequest
 from dflashctl.agent.probe.version import PROBE_VERSION
 from dflashctl.errors import DflashError, NotFound, RemoteFailed
-from dflashctl.remote.scripts import module_source, parse_replies, parse_reply
+from dflashctl.remote import agentcall
+from dflashctl.remote.agentcall import parse_replies, parse_reply
 from dflashctl.remote.target import Target
 from dflashctl.remote.transport import Result
 
@@ -58,15 +56,9 @@ def parse_report(doc: dict) -> ProbeReport:
 
     return typed(doc)
 
-__all__ = ["PROBE_VERSION", "ProbeRequest", "build_script", "decode_log", "parse_frames", "probe_args", "probe_doc",
+__all__ = ["PROBE_VERSION", "ProbeRequest", "decode_log", "parse_frames", "probe_args", "probe_doc",
            "probe_once", "probe_stream", "one_shot", "request_doc", "stream_docs",
            "StatusFetch"]
-
-
-@lru_cache(maxsize=1)
-def build_script() -> str:
-    """The probe as it travels: agent/probe/main.py, assembled."""
-    return module_source("probe.main")
 
 
 def parse_frames(text: str | bytes) -> list[dict]:
@@ -143,8 +135,7 @@ def request_doc(target: Target, req: ProbeRequest, *, require_run: bool = True,
     if paired:
         res = _halves_at_once(target, args, timeout, gpu_apps)
     else:
-        res = target.run([target.host.python, "-c", loader_source(), *args], stdin=build_script().encode(),
-                         timeout=timeout)
+        res = agentcall.run(target, "probe", *args, timeout=timeout)
     docs = parse_frames(res.stdout)
     main = [d for d in docs if d.get("half") != "host"] if paired else docs
     if not main:
@@ -215,33 +206,17 @@ def _halves_at_once(target: Target, args: list[str], timeout: float | None, apps
     target.transport.check_connection()  # once, here: two threads would each try a refused or silent host in turn
     half: list[bytes] = []
     on_host = target.host.container is not None
-    argv = ["python3" if on_host else target.host.python, "-c", loader_source(), *(["--apps"] if apps else [])]
-    run = target.run_host if on_host else target.run
 
     def host_half() -> None:
         with contextlib.suppress(DflashError):
-            half.append(run(argv, stdin=hostpair_source().encode(), timeout=timeout).stdout)
+            half.append(agentcall.run(target, "hostpair", *(["--apps"] if apps else []), timeout=timeout,
+                                      on_host=on_host).stdout)
 
     side = threading.Thread(target=host_half, name="probe-host-half", daemon=True)
     side.start()
-    res = target.run([target.host.python, "-c", loader_source(), *args], stdin=build_script().encode(),
-                     timeout=timeout)
+    res = agentcall.run(target, "probe", *args, timeout=timeout)
     side.join(HOST_HALF_WAIT_S)
     return Result(res.argv, res.exit_code, b"".join(half[:1]) + res.stdout, res.stderr)
-
-
-@lru_cache(maxsize=1)
-def hostpair_source() -> str:
-    """agent/hostpair.py as it travels (on stdin to `PYTHON -c <loader>`, run from the compiled-code cache: with the
-    GPU reading pasted in it is 48 kB, too much to compile on every call)."""
-    return module_source("hostpair")
-
-
-@lru_cache(maxsize=1)
-def loader_source() -> str:
-    """agent/codecache.py as it travels (`PYTHON -c` it, the probe on stdin): the probe runs from the target's
-    compiled-code cache instead of being compiled again on every call."""
-    return module_source("codecache")
 
 
 def probe_stream(target: Target, workspace: str, run: str | None, log_offset: int | None, interval: float,
@@ -272,7 +247,7 @@ def stream_docs(target: Target, workspace: str, run: str | None, log_offset: int
     req = ProbeRequest(workspace=workspace or None, run=run, log_offset=log_offset, log_inode=log_inode,
                        log_max=log_max, procs=procs, gpus=gpus, events=events, watch=True, interval=float(interval),
                        gpu_interval=None if gpu_interval is None else float(gpu_interval))
-    lines = target.stream([target.host.python, "-", *req.to_argv()], stdin=build_script().encode())
+    lines = agentcall.stream(target, "probe", *req.to_argv())
     got = False
     try:
         for line in lines:

@@ -2,7 +2,7 @@
 run with the same engine as `status` (analysis/watcher.py), writes <run>/events.jsonl, sends notifications and
 applies the failure policy — with nobody's laptop connected.
 
-It travels as a zip (remote/bundle.py) of this package with analysis/, report.py, agent/, model.py and errors.py:
+It travels in the agent archive (remote/agentpack.py) with analysis/, report.py, agent/, model.py and errors.py:
 stdlib only, no rule copied. Laptop-side code reads spec.py (to check flags before launch) and events.py (to show
 the timeline).
 """

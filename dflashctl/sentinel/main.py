@@ -1,4 +1,4 @@
-"""The sentinel program: `python3 <run>/sentinel.pyz <run-dir>`, started by the run's supervisor (agent/launcher.py).
+"""The sentinel program: `python3 <run>/agent.pyz sentinel <run-dir>`, started by the run's supervisor (launcher.py).
 
 Each `interval_s` it takes the probe's own report of the run (agent/probe/main.py `report`, read in-process: the
 log's new bytes, the run's state, the GPUs every `gpu_interval_s`), feeds it to the same `Watcher` `status` uses,
@@ -257,7 +257,7 @@ class Sentinel:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        sys.stderr.write("usage: python3 sentinel.pyz RUN_DIR\n")
+        sys.stderr.write("usage: python3 agent.pyz sentinel RUN_DIR\n")
         return 2
     run_dir = argv[0]
     launch = read_json(os.path.join(run_dir, "launch.json")) or {}

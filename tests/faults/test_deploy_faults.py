@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness.agentpyz import archive_path, spec_stdin
 from harness.poll import wait_until
 
-from dflashctl.remote.scripts import build_call, module_source, parse_replies
+from dflashctl.remote.agentcall import parse_replies
 
 NOBODY = 65534
 
@@ -60,9 +61,11 @@ def test_a_file_under_source_that_the_user_cannot_read_is_one_line_naming_it(wor
     assert not (ws / "code").exists()
 
 
-def _install_program(workspace: Path, tree_hash: str) -> str:
-    """The very program `deploy` sends into the container (agent/codetree.py install, pasted by remote/scripts)."""
-    return build_call(module_source("codetree"), "install", {"workspace": str(workspace), "hash": tree_hash})
+INSTALL = [sys.executable, archive_path(), "code-install"]  # what `deploy` runs in the container (agent/codetree.py)
+
+
+def _install_spec(workspace: Path, tree_hash: str) -> bytes:
+    return spec_stdin({"workspace": str(workspace), "hash": tree_hash})
 
 
 def _tar_gz_head() -> bytes:
@@ -78,10 +81,9 @@ def _tar_gz_head() -> bytes:
 
 def _stalled_install(workspace: Path) -> tuple[subprocess.Popen[bytes], Path]:
     """install() with half a tar on its stdin and the rest never coming: its .tmp-PID-T folder, mid-unpack."""
-    proc = subprocess.Popen([sys.executable, "-c", _install_program(workspace, "0" * 64)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(INSTALL, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdin is not None
-    proc.stdin.write(_tar_gz_head())
+    proc.stdin.write(_install_spec(workspace, "0" * 64) + _tar_gz_head())
     proc.stdin.flush()
     versions = workspace / ".code"
     wait_until(lambda: list(versions.glob(f".tmp-{proc.pid}-*/big.bin")), 60, "install to start unpacking")
@@ -129,7 +131,7 @@ def test_install_replies_still_parse_after_the_signal_guard():
         Path(d, "t").mkdir()
         Path(d, "t", "a.py").write_text("1\n")
         want = codetree.tree_hash(str(Path(d, "t")))
-        res = subprocess.run([sys.executable, "-c", _install_program(Path(d, "ws"), want)], input=buf.getvalue(),
+        res = subprocess.run(INSTALL, input=_install_spec(Path(d, "ws"), want) + buf.getvalue(),
                              capture_output=True, timeout=60)
         (doc,) = parse_replies(res.stdout)
         assert doc["hash"] == want, doc

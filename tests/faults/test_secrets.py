@@ -39,7 +39,7 @@ def _no_secret_anywhere_but_the_private_files(cli, run_id: str, run_dir: Path) -
     for private in ("launch.json", "launch_spec.json"):
         assert stat.S_IMODE((run_dir / private).stat().st_mode) == 0o600, private
     for f in run_dir.rglob("*"):
-        if f.is_file() and f.name not in ("launch.json", "launch_spec.json", "sentinel.pyz", "launcher.py"):
+        if f.is_file() and f.name not in ("launch.json", "launch_spec.json", "agent.pyz"):
             text = f.read_bytes().decode("utf-8", "replace")
             assert not [s for s in SECRETS if s in text], (f.name, text[-2000:])
     for argv in (("status", run_id, "--json"), ("logs", run_id, "--events", "--json"), ("logs", run_id, "--events"),

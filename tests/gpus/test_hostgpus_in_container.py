@@ -5,15 +5,16 @@ holders itself, and the view says what cannot be seen from there."""
 from __future__ import annotations
 
 from dflashctl.analysis.hostgpus import Runs, build_view
-from dflashctl.commands.gpus import host_probe_source
-from dflashctl.remote.scripts import parse_replies
+from dflashctl.remote import agentcall, connect
+from dflashctl.remote.agentcall import parse_replies
 
 
 def test_the_host_probe_inside_a_container_says_what_it_cannot_see(pve):
     pve.set_gpus([{"memory.used": 80000, "utilization.gpu": 0}], processes=[{"pid": 4242, "used_memory": 80000,
                                                                            "gpu": 0}])
-    res = pve.exec(["python3", "-"], stdin=host_probe_source().encode())
-    assert res.returncode == 0, res.stderr.decode()
+    with connect(pve.host) as target:  # inside the container, where a plain host would run it
+        res = agentcall.run(target, "hostgpus", timeout=120)
+    assert res.exit_code == 0, res.stderr.decode()
     doc = parse_replies(res.stdout)[-1]
     assert doc["gpus"]["source"] == "nvidia-smi" and doc["apps_error"] is None
     assert doc["holders"] == []  # nothing in this container has /dev/nvidia* open

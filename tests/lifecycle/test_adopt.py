@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from dflashctl.remote.scripts import build_call, module_source
+from dflashctl.remote import agentcall, agentpack
 
 from .conftest import FAKE_TRAINER, wait_until
 from .userprog import Box, hand_box, local_box, watch_until_failure, write_prog
@@ -119,7 +119,8 @@ def test_a_reused_pid_is_never_signalled(box, cli, field):
     # the reaper itself, asked straight (as if the probe had seen the run alive a moment before): not signalled
     spec = {"run_dir": f"{box.ct_workspace}/runs/{run_id}", "run_id": run_id, "grace_s": 1,
             "identity": meta["adopted"]}
-    res = box.sh('exec "$1" -c "$2"', [box.python, build_call(module_source("reaper"), "stop", spec)])
+    installed = f"{box.ct_workspace}/.agent/{agentpack.sha256()}.pyz"  # by the commands above
+    res = box.sh('printf "%s\\n" "$3" | exec "$1" "$2" stop', [box.python, installed, json.dumps(spec)])
     assert res.returncode == 0 and b'"outcome": "not-running"' in res.stdout, res
     assert box.alive(pid) and not (box.run_dir(run_id) / "stopped").exists()
 
@@ -168,13 +169,10 @@ def test_adopting_over_a_launch_race_is_refused_under_the_lock(local_host, cli, 
         src = write_prog(tmp_path / "proj")
         launched = cli("launch", "--source", str(src), "--json", "--exec", "--", "python3", "prog.py")
         assert launched.code == 0, launched.err
-        from dflashctl.remote import scripts
-
         with local_host.connect() as t:
-            res = scripts.call(t, "launcher", "adopt", {"runs_dir": str(local_host.workspace_dir / "runs"),
-                                                         "base_id": "20200101-000000-race", "pid": pid,
-                                                         "starttime": None, "log": str(home / "hand.log"),
-                                                         "meta": {}})
+            res = agentcall.call(t, "adopt", {"runs_dir": str(local_host.workspace_dir / "runs"),
+                                              "base_id": "20200101-000000-race", "pid": pid, "starttime": None,
+                                              "log": str(home / "hand.log"), "meta": {}})
         assert res["error"] == "run-alive" and res["run_id"] == launched.json()["run_id"]
         assert not (local_host.workspace_dir / "runs" / "20200101-000000-race").exists()
         assert cli("stop").code == 103

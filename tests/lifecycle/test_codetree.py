@@ -11,9 +11,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from harness.agentpyz import archive_path, spec_stdin
 
 from dflashctl.agent import codetree
-from dflashctl.remote.scripts import build_call, module_source, parse_replies
+from dflashctl.remote.agentcall import parse_replies
 
 
 def make_tree(root: Path) -> Path:
@@ -53,8 +54,9 @@ def test_pack_is_deterministic(tmp_path):
 
 
 def _install(ws: Path, data: bytes, digest: str) -> dict:
-    prog = build_call(module_source("codetree"), "install", {"workspace": str(ws), "hash": digest})
-    res = subprocess.run([sys.executable, "-c", prog], input=data, capture_output=True, timeout=30)
+    res = subprocess.run([sys.executable, archive_path(), "code-install"],
+                         input=spec_stdin({"workspace": str(ws), "hash": digest}, data), capture_output=True,
+                         timeout=30)
     return parse_replies(res.stdout)[-1]
 
 

@@ -52,7 +52,7 @@ def test_lifecycle_over_ssh_and_pct(pve, cli):
     stopped = cli("stop", "--json")
     assert stopped.code == 103 and stopped.json()["exit_code"] == 143
     ps = container_ps(pve)
-    assert "-m trainer" not in ps and "launcher.py supervise" not in ps
+    assert "-m trainer" not in ps and "agent.pyz supervise" not in ps
     local = pve.workspace_dir / "dflash" / "runs" / run_id
     assert (local / "exit_code").read_text() == "143\n"
     assert json.loads((local / "meta.json").read_text())["name"] == "ct run"

@@ -10,12 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
+from harness.agentpyz import archive_path
 
 from dflashctl.agent.lib.frame import SENTINEL, frame
 from dflashctl.agent.probe.procs import host_gpu_procs
 from dflashctl.analysis.gpus import from_probe
 from dflashctl.errors import DflashError, NotFound
-from dflashctl.remote.probe import build_script, decode_log, parse_frames, probe_doc, stream_docs
+from dflashctl.remote.probe import decode_log, parse_frames, probe_doc, stream_docs
 from dflashctl.report import parse_report
 
 from .conftest import write_config
@@ -36,10 +37,10 @@ def make_run(ws: Path, run_id: str, log: bytes = b"", pid: int | None = None) ->
     return rd
 
 
-def test_the_assembled_probe_runs_on_a_bare_python_without_site_packages(tmp_path):
+def test_the_probe_runs_from_the_archive_on_a_bare_python_without_site_packages(tmp_path):
     make_run(tmp_path, "r1", b"step=1 loss=2\n")
-    res = subprocess.run([sys.executable, "-I", "-S", "-", "--workspace", str(tmp_path), "--run", "latest",
-                          "--procs", "--gpus"], input=build_script().encode(), capture_output=True, timeout=30)
+    res = subprocess.run([sys.executable, "-I", "-S", archive_path(), "probe", "--workspace", str(tmp_path), "--run",
+                          "latest", "--procs", "--gpus"], capture_output=True, timeout=30)
     assert res.returncode == 0, res.stderr
     (doc,) = parse_frames(res.stdout)
     assert doc["probe_version"] == 1 and doc["run"]["id"] == "r1"
@@ -245,8 +246,8 @@ def test_host_gpu_procs_with_a_broken_driver_say_so(local_host):
 def test_probe_output_is_one_line_per_report(local_host, tmp_path):
     make_run(local_host.workspace_dir, "r1", base64.b64encode(os.urandom(3000)) + b"\nlast\n")
     write_config(tmp_path / "unused.toml", x=1)
-    res = subprocess.run([sys.executable, "-", "--workspace", str(local_host.workspace_dir), "--run", "r1"],
-                         input=build_script().encode(), capture_output=True, timeout=30)
+    res = subprocess.run([sys.executable, archive_path(), "probe", "--workspace", str(local_host.workspace_dir),
+                          "--run", "r1"], capture_output=True, timeout=30)
     lines = res.stdout.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith(SENTINEL + " ")
     assert time.time() - parse_frames(lines[0])[0]["time"] < 600

@@ -9,12 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dflashctl.remote.scripts import build_call, module_source, parse_replies
+from harness.agentpyz import archive_path, spec_stdin
+
+from dflashctl.remote.agentcall import parse_replies
 
 
 def mark(run_dir: Path, run_id: str) -> dict:
-    program = build_call(module_source("reaper"), "mark", {"run_dir": str(run_dir), "run_id": run_id})
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run([sys.executable, archive_path(), "mark"], input=spec_stdin({"run_dir": str(run_dir),
+                          "run_id": run_id}), capture_output=True, timeout=60, check=True)
     return parse_replies(done.stdout)[-1]
 
 

@@ -192,10 +192,12 @@ def _reaper(spec: dict) -> dict:
     import subprocess
     import sys
 
-    from dflashctl.remote.scripts import build_call, module_source, parse_replies
+    from harness.agentpyz import archive_path, spec_stdin
 
-    res = subprocess.run([sys.executable, "-"], input=build_call(module_source("reaper"), "kill", spec).encode(),
-                         capture_output=True, timeout=60)
+    from dflashctl.remote.agentcall import parse_replies
+
+    res = subprocess.run([sys.executable, archive_path(), "kill"], input=spec_stdin(spec), capture_output=True,
+                         timeout=60)
     return parse_replies(res.stdout)[-1]["results"]
 
 

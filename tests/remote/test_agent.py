@@ -13,10 +13,10 @@ import pytest
 import dflashctl.agent
 from dflashctl.agent.lib.frame import PROTOCOL_VERSION, SENTINEL, frame
 from dflashctl.errors import DflashError
-from dflashctl.remote.scripts import module_source, parse_replies
+from dflashctl.remote import agentpack
+from dflashctl.remote.agentcall import parse_replies
 
 AGENT = Path(dflashctl.agent.__file__).parent
-PROGRAMS = ("launcher", "reaper", "codetree", "check", "stacks", "probe.main", "probe.hostgpus", "hostpair")
 
 
 def _top_level_names(tree: ast.Module) -> list[str]:
@@ -46,17 +46,6 @@ def test_agent_modules_import_only_the_standard_library_and_each_other(path):
                 or (path.name == "gpus.py" and top == "pynvml"), f"{path}: imports {mod}"
 
 
-@pytest.mark.parametrize("name", PROGRAMS)
-def test_each_program_travels_as_one_file_defining_each_name_once(name):
-    source = module_source(name)
-    tree = ast.parse(source)
-    assert "dflashctl" not in {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Import) and any("dflashctl" in a.name for a in n.names)]
-    dupes = [n for n, c in collections.Counter(_top_level_names(tree)).items() if c > 1]
-    assert dupes == [], f"{name}: bundled modules collide on {dupes}"
-    assert source.count("SENTINEL = ") == 1
-
-
 def test_the_rules_are_defined_once_in_agent():
     defs = collections.Counter()
     for path in AGENT.rglob("*.py"):
@@ -76,8 +65,10 @@ def test_replies_survive_banners_and_torn_lines_and_carry_the_protocol_version()
 
 
 def test_the_check_program_runs_on_a_bare_python(tmp_path):
-    res = subprocess.run([sys.executable, "-I", "-S", "-", str(tmp_path / "ws")], input=module_source("check").encode(),
-                         capture_output=True, timeout=60)
+    pyz = tmp_path / "agent.pyz"
+    pyz.write_bytes(agentpack.archive())
+    res = subprocess.run([sys.executable, "-I", "-S", str(pyz), "check", str(tmp_path / "ws")], capture_output=True,
+                         timeout=60)
     assert res.returncode == 0, res.stderr
     (doc,) = parse_replies(res.stdout)
     assert doc["workspace"] == {"writable": True} and doc["python"].startswith("3.") and "free_bytes" in doc["disk"]

@@ -1,6 +1,6 @@
 """The probe's GPU health readings: NVML through one reader (tests/harness/fakes/pynvml stands in for nvidia-ml-py),
 nvidia-smi's health columns on new and old drivers (tests/harness/gpu/nvidia-smi), and the kernel log's Xid lines
-(tests/harness/bin/dmesg). The assembled probe (remote/probe.py build_script) runs at least once on each path."""
+(tests/harness/bin/dmesg). The probe as it travels (the agent archive's `probe` verb) runs once on each path."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
+from harness.agentpyz import archive_path
 
 from dflashctl.agent.probe import gpus as probe_gpus
 from dflashctl.agent.probe.nvml import NvmlReader
 from dflashctl.agent.probe.xid import xid_report
 from dflashctl.analysis.gpus import from_nvml, parse_query_csv
-from dflashctl.remote.probe import build_script, parse_frames
+from dflashctl.remote.probe import parse_frames
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -247,7 +248,6 @@ def test_a_broken_driver_is_still_the_error_it_was(smi):
 def _watch(argv: list[str], env: dict, count: int) -> list[dict]:
     proc = subprocess.Popen([sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env)
-    proc.stdin.write(build_script().encode())
     proc.stdin.close()
     docs: list[dict] = []
     deadline = time.monotonic() + 30
@@ -270,14 +270,14 @@ def test_the_watch_probe_keeps_one_nvml_reader(tmp_path):
     scenario.write_text(json.dumps({"gpus": [{"memory_used_mib": 7}, {"recovery_action": 2}],
                                     "call_log": str(log)}))
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(FAKES), "DFLASH_FAKE_NVML": str(scenario)}
-    docs = _watch(["-S", "-", "--gpus", "--watch", "--interval", "0.1"], env, 4)
+    docs = _watch(["-S", archive_path(), "probe", "--gpus", "--watch", "--interval", "0.1"], env, 4)
     for doc in docs:
         assert doc["gpus"]["source"] == "nvml" and len(doc["gpus"]["nvml"]) == 2
         assert set(doc["gpus"]["nvml"][0]) >= HEALTH_KEYS and doc["gpus"]["nvml"][1]["recovery_action"] == "reboot"
     names = log.read_text().split()
     assert names.count("nvmlInit") == 1 and names.count("nvmlDeviceGetHandleByIndex") == 2
-    res = subprocess.run([sys.executable, "-S", "-", "--gpus"], input=build_script().encode(), env=env,
-                         capture_output=True, timeout=30)
+    res = subprocess.run([sys.executable, "-S", archive_path(), "probe", "--gpus"], env=env, capture_output=True,
+                         timeout=30)
     (doc,) = parse_frames(res.stdout)
     assert doc["gpus"]["nvml"][0]["memory_used_mib"] == 7.0
     names = log.read_text().split()
@@ -291,7 +291,7 @@ def test_the_watch_probe_makes_one_nvidia_smi_call_per_reading_after_the_first(t
     scenario, log = tmp_path / "gpus.json", tmp_path / "calls.jsonl"
     scenario.write_text(json.dumps({"driver": "530.41.03", "frames": [[{}, {}]], "call_log": str(log)}))
     env = {"PATH": f"{bin_dir}:{Path(sys.executable).parent}", "DFLASH_FAKE_GPUS": str(scenario)}
-    docs = _watch(["-I", "-S", "-", "--gpus", "--watch", "--interval", "0.1"], env, 4)  # -I -S: no pynvml
+    docs = _watch(["-I", "-S", archive_path(), "probe", "--gpus", "--watch", "--interval", "0.1"], env, 4)  # no pynvml
     assert all(d["gpus"]["source"] == "nvidia-smi" for d in docs)
     assert docs[-1]["gpus"]["smi_missing"] == ["clocks_event_reasons.active", "gpu_recovery_action"]
     readings = sum(len(d.get("gpus_series") or [d["gpus"]]) for d in docs)
@@ -372,7 +372,7 @@ def test_the_probe_reports_xid_lines_with_its_flag(tmp_path):
     lines = (DATA / "probe-xid-nvforum-371272.txt").read_text().splitlines()
     (tmp_path / "kmsg").write_text("\n".join(lines) + "\n")
     env = {"PATH": f"{HARNESS_BIN}:{Path(sys.executable).parent}", "DFLASH_FAKE_KMSG": str(tmp_path / "kmsg")}
-    res = subprocess.run([sys.executable, "-I", "-S", "-", "--xid"], input=build_script().encode(), env=env,
+    res = subprocess.run([sys.executable, "-I", "-S", archive_path(), "probe", "--xid"], env=env,
                          capture_output=True, timeout=30)
     (doc,) = parse_frames(res.stdout)
     assert doc["xid"] == {"source": "dmesg", "lines": [line for line in lines if "Xid" in line], "error": None}

@@ -7,11 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from harness.agentpyz import archive_path
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dflashctl.agent.probe.request import DEFAULT_LOG_MAX, ProbeRequest
-from dflashctl.remote.probe import build_script, one_shot
+from dflashctl.remote.probe import one_shot
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
 maybe_int = st.none() | st.integers(min_value=0, max_value=2 ** 63)
@@ -53,8 +54,8 @@ def test_an_argument_it_cannot_read_is_refused_naming_it(argv: list[str], why: s
 
 
 def test_the_probe_program_refuses_a_bad_argument_with_one_line_and_exit_2():
-    res = subprocess.run([sys.executable, "-", "--log-max", "lots"], input=build_script().encode(),
-                         capture_output=True, timeout=60)
+    res = subprocess.run([sys.executable, archive_path(), "probe", "--log-max", "lots"], capture_output=True,
+                         timeout=60)
     assert res.returncode == 2 and res.stderr.decode().strip() == "probe: --log-max 'lots' is not an integer"
 
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 
+from harness.agentpyz import archive_path
 from harness.envs import PveEnv
 from harness.poll import wait_until
 
 from dflashctl.commands.status import status_once
 from dflashctl.remote import probe
-from dflashctl.remote.scripts import parse_replies
+from dflashctl.remote.agentcall import parse_replies
 
 XID_79 = ("[Tue Dec  1 16:20:11 2026] NVRM: Xid (PCI:0000:1e:00): 79, pid=4242, name=python3, "
           "GPU has fallen off the bus.")
@@ -19,8 +20,8 @@ XID_79 = ("[Tue Dec  1 16:20:11 2026] NVRM: Xid (PCI:0000:1e:00): 79, pid=4242, 
 
 def _host_half(pve: PveEnv, *args: str) -> subprocess.CompletedProcess:
     """agent/hostpair.py run as the laptop sends it, here on the Proxmox host (this machine)."""
-    return subprocess.run(["python3", "-c", probe.loader_source(), *args], input=probe.hostpair_source().encode(),
-                          capture_output=True, env={**os.environ, **pve.sshd.env}, timeout=60, check=False)
+    return subprocess.run(["python3", archive_path(), "hostpair", *args], capture_output=True,
+                          env={**os.environ, **pve.sshd.env}, timeout=60, check=False)
 
 
 def test_the_host_half_brings_the_xid_lines_and_the_gpu_processes_in_one_frame(pve: PveEnv) -> None:

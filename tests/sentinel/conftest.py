@@ -101,12 +101,13 @@ def of_kind(run_dir: Path, kind: str) -> list[dict]:
 
 
 def sentinel_pid(run_dir: Path, timeout: float = 60.0) -> int:
-    """The pid the run's sentinel wrote in its `sentinel` event, checked to be that run's sentinel.pyz."""
+    """The pid the run's sentinel wrote in its `sentinel` event, checked to be that run's `agent.pyz sentinel`."""
     rec = wait_until(lambda: next(iter(of_kind(run_dir, "sentinel")), None), timeout=timeout,
                      what=f"the sentinel event in {run_dir}/events.jsonl")
     pid = int(rec["pid"])
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    assert str(run_dir / "sentinel.pyz").encode() in cmdline, cmdline
+    at = cmdline.index(str(run_dir / "agent.pyz").encode())
+    assert cmdline[at + 1:at + 3] == [b"sentinel", str(run_dir).encode()], cmdline
     assert marker_of(pid) == run_dir.name
     return pid
 

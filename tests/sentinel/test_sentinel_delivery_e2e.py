@@ -1,5 +1,5 @@
 """The run's sentinel delivering notifications end to end, on the `local` host: a user's own program launched with
-`launch --exec --notify …`, its sentinel (sentinel.pyz, started by the supervisor) watching it, real HTTP receivers
+`launch --exec --notify …`, its sentinel (agent.pyz, started by the supervisor) watching it, real HTTP receivers
 on 127.0.0.1 (tests/sentinel/receiver.py).
 
 What is proved: targets that fail (500, a hang, a refused connect) cost the run nothing and are each recorded once as

@@ -55,7 +55,7 @@ def test_kill_zombies_ends_an_earlier_runs_sentinel_and_never_the_live_runs(loca
     dry = listed(cli, "--dry-run")
     assert dry["current_run"] is None and dry["dry_run"] is True
     row = dry["rows"][a_sent]
-    assert row["run_id"] == a["run_id"] and row["action"] == "kill" and "sentinel.pyz" in row["cmdline"]
+    assert row["run_id"] == a["run_id"] and row["action"] == "kill" and "agent.pyz sentinel" in row["cmdline"]
     assert alive(a_sent)  # a dry run signals nothing
 
     before = run_dirs(ws)

@@ -1,1 +1,1 @@
-"""The library every container program is built from (stdlib only; bundled into each as it travels)."""
+"""The library every container program is built from (stdlib only; in the agent archive with them)."""

@@ -1,4 +1,4 @@
-"""`adopt`: record a run for a process dflashctl did not start (stdlib only; pasted into launcher.py as it travels).
+"""`adopt`: record a run for a process dflashctl did not start (stdlib only; the `adopt` verb of the agent archive).
 
 meta.json kind "adopted" with the process's identity (pid, start time, boot time, argv, cwd) and its process tree as
 it stands now (`tree`: every descendant's pid, start time and argv; `writes_log`: which of them hold the log open),

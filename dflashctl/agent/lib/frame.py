@@ -2,8 +2,8 @@
 
 `doc` is the program's own result (its fields are the contract with the command that reads it); `v` is the
 framing protocol's version. Anything else the program or the login prints on stdout is ignored by the one
-laptop-side parser (`dflashctl.remote.scripts.parse_replies`). This module runs under any Python 3: the hosts
-check bundles it and must report an old interpreter rather than fail on one.
+laptop-side parser (`dflashctl.remote.agentcall.parse_replies`). This module runs under any Python 3: the hosts
+check imports it and must report an old interpreter rather than fail on one.
 """
 
 import json

@@ -1,7 +1,7 @@
 """A run directory's state (meta, pid, exit code, heartbeat, errors) and THE liveness rule (stdlib only).
 
 The probe reports it, the launcher refuses to start beside a live run with it, `adopt` checks it: one copy,
-bundled into each program as it travels."""
+in the agent archive with every program."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The run's sentinel as its supervisor sees it: started beside the program, told the exit code, given a moment to
-finish (stdlib only). The sentinel itself is sentinel/main.py, shipped as <run>/sentinel.pyz."""
+finish (stdlib only). The sentinel itself is sentinel/main.py, run from the run's copy of the agent archive:
+`python3 <run>/agent.pyz sentinel <run>` (the name process listings recognise it by)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from urllib.parse import urlsplit
 
 SENTINEL_END_S = 8.0  # the sentinel's last events, notifications and restart decision (sentinel/main.py END_WAIT_S)
 REACH_TIMEOUT_S = 3.0
+AGENT_FILE = "agent.pyz"  # the run's copy of the agent archive: its supervisor and sentinel run from it
 
 
 def unreachable(targets: list) -> str | None:
@@ -31,16 +33,21 @@ def unreachable(targets: list) -> str | None:
     return None
 
 
-def start_sentinel(run_dir: str, say) -> subprocess.Popen | None:  # noqa: ANN001 - say: a line to the log
-    """The run's sentinel (sentinel.pyz, when the launch sent one): our child, in our session, with the run's
+def is_sentinel(argv: list) -> bool:
+    """Whether a process's argv is a run's sentinel (`python3 <run>/agent.pyz sentinel <run>`)."""
+    return any(str(a).endswith(AGENT_FILE) and argv[i + 1:i + 2] == ["sentinel"] for i, a in enumerate(argv))
+
+
+def start_sentinel(run_dir: str, watched: bool, say) -> subprocess.Popen | None:  # noqa: ANN001 - say: a log line
+    """The run's sentinel (when the launch asked for one: watched): our child, in our session, with the run's
     marker (kill-zombies sees it as part of the run); its stdin is how it learns the exit code; its output goes to
     sentinel.log, never into train.log (which it reads)."""
-    pyz = os.path.join(run_dir, "sentinel.pyz")
-    if not os.path.exists(pyz):
+    pyz = os.path.join(run_dir, AGENT_FILE)
+    if not watched or not os.path.exists(pyz):
         return None
     try:
         with open(os.path.join(run_dir, "sentinel.log"), "ab") as out:
-            return subprocess.Popen([sys.executable, pyz, run_dir], stdin=subprocess.PIPE, stdout=out,
+            return subprocess.Popen([sys.executable, pyz, "sentinel", run_dir], stdin=subprocess.PIPE, stdout=out,
                                     stderr=subprocess.STDOUT, cwd=run_dir)
     except OSError as e:
         say(f"could not start the run's sentinel: {e} (the run goes on unwatched)")

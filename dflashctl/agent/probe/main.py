@@ -1,7 +1,7 @@
 """The probe (the program): its request (request.py, the one spelling of its options), one framed report per line
 (`lib/frame.py`), and the --watch loop.
 
-Everything it imports from dflashctl.agent is pasted into it as it travels (remote/scripts.py); the laptop
+It runs from the agent archive (`probe` verb, agent/verbs.py; remote/agentcall.py); the laptop
 side is dflashctl/remote/probe.py. A --watch sends a report every --interval, and one at once (at most every
 0.1 s) when the run's log shows a crash or the run ends (logwait.py): the interval paces the idle updates only."""
 

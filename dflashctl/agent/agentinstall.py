@@ -1,0 +1,107 @@
+"""Install the agent archive where the bootstrap looks for it (stdlib only; any Python 3; sent as `PYTHON -c <this>
+FOLDER SHA256` with the archive's bytes on stdin, only when the bootstrap found none).
+
+What arrived must hash to SHA256 (the archive's name), else nothing is written. The folder must be a real directory
+(not a symlink) owned by us and writable by nobody else: the bootstrap runs whatever sits there. The archive is
+re-packed with every module compiled by THIS interpreter beside its source (`mod.pyc` next to `mod.py`, the names
+zipimport looks for; unchecked-hash pycs, so no timestamp is compared): a call then loads code instead of compiling
+~1 MB of source each time. Another Python finds the magic number wrong and falls back to the source. The re-packed
+file ends in a zip comment `dflash-agent <sha256 of everything before it>`, which the bootstrap checks, so a partial
+or altered file is installed again rather than run. Written to a temporary name, then renamed: racing installs and
+calls never see half a file. One line on stdout says what happened: `DFLASH-AGENT-INSTALL ok|refused: why`.
+"""
+
+import contextlib
+import hashlib
+import importlib.util
+import io
+import marshal
+import os
+import stat
+import sys
+import zipfile
+
+TAG = b"dflash-agent "  # the trailer the bootstrap checks (remote/agentpack.py BOOT)
+REFUSED = 3
+
+
+def say(line: str) -> None:
+    sys.stdout.write("DFLASH-AGENT-INSTALL " + line + "\n")
+    sys.stdout.flush()
+
+
+def folder_problem(folder: str):  # -> str | None
+    """Why the bootstrap must not run code from folder (None: it is ours alone)."""
+    try:
+        st = os.lstat(folder)
+    except OSError as e:
+        return f"cannot read {folder}: {e.strerror or e}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{folder} is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{folder} is not a directory"
+    if st.st_uid != os.getuid():
+        return f"{folder} is owned by uid {st.st_uid}, not by us (uid {os.getuid()})"
+    if st.st_mode & 0o022:
+        return f"{folder} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def with_bytecode(data: bytes, where: str) -> bytes:
+    """The archive again, each module's `.pyc` (this interpreter's) beside its `.py`; a module this Python cannot
+    compile keeps only its source (an old interpreter still reaches `check`)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            src = zin.read(info)
+            zout.writestr(info, src)
+            if not info.filename.endswith(".py"):
+                continue
+            try:
+                code = compile(src, os.path.join(where, info.filename), "exec", dont_inherit=True)
+            except (SyntaxError, ValueError):
+                continue
+            pyc = importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little") + importlib.util.source_hash(src) + \
+                marshal.dumps(code)
+            zinfo = zipfile.ZipInfo(info.filename[:-3] + ".pyc", info.date_time)
+            zinfo.compress_type, zinfo.external_attr = zipfile.ZIP_DEFLATED, info.external_attr
+            zout.writestr(zinfo, pyc)
+    body = out.getvalue()
+    body = body[:-2] + (len(TAG) + 64).to_bytes(2, "little")  # the end record's comment length, then the comment
+    return body + TAG + hashlib.sha256(body).hexdigest().encode()
+
+
+def install(folder: str, sha: str, data: bytes) -> int:
+    if hashlib.sha256(data).hexdigest() != sha:
+        say(f"refused: the archive arrived damaged ({len(data)} bytes, another sha256)")
+        return REFUSED
+    try:
+        os.makedirs(folder, 0o700, exist_ok=True)
+    except OSError as e:
+        say(f"refused: cannot make {folder}: {e.strerror or e}")
+        return REFUSED
+    why = folder_problem(folder)
+    if why:
+        say("refused: " + why)
+        return REFUSED
+    path = os.path.join(folder, sha + ".pyz")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        packed = with_bytecode(data, path)
+        with open(tmp, "wb") as f:
+            f.write(packed)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except (OSError, zipfile.BadZipFile) as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        say(f"refused: cannot write {path}: {getattr(e, 'strerror', None) or e}")
+        return REFUSED
+    say("ok " + path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(install(os.path.expanduser(sys.argv[1]), sys.argv[2], sys.stdin.buffer.read()))
