@@ -20,11 +20,8 @@ from typing import Any
 
 from dflashctl.analysis.cause import cause_lines
 from dflashctl.analysis.watchspec import NotifyTarget
-from dflashctl.sentinel.deliver import FAILED_VERDICTS, DeliveryError, deliver, one_line, redact, text_of
+from dflashctl.sentinel.deliver import FAILED_VERDICTS, deliver, one_line, redact
 from dflashctl.sentinel.events import Event
-
-__all__ = ["DEADLINE_ERROR", "MAX_LISTED", "SEVERITY", "DeliveryError", "Notifier", "NotifyStats", "compose",
-           "deliver", "ended_badly", "select", "severity", "text_of"]
 
 # most severe first; "ended-with-failure" is an `ended` event whose run crashed, was lost or stopped, or exited ≠ 0
 SEVERITY = ("worker-crashed", "policy", "stalled", "idle-gpus", "signature", "ended-with-failure", "restart",

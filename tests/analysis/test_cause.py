@@ -10,8 +10,9 @@ from rich.console import Console
 from dflashctl.analysis.cause import TAIL_LINES, cause_of, tail_lines
 from dflashctl.cli.statusview import render
 from dflashctl.commands.diagnose import diagnose
+from dflashctl.sentinel.deliver import text_of
 from dflashctl.sentinel.events import EventTracker
-from dflashctl.sentinel.notify import compose, text_of
+from dflashctl.sentinel.notify import compose
 from tests.sentinel.test_events import Run, steps, thread_oom
 
 REAL = Path(__file__).parent / "data" / "real"

@@ -22,17 +22,9 @@ import pytest
 from harness.poll import wait_until
 
 from dflashctl.analysis.watchspec import NOTIFIABLE, NotifyTarget
+from dflashctl.sentinel.deliver import DeliveryError, deliver, text_of
 from dflashctl.sentinel.events import Event
-from dflashctl.sentinel.notify import (
-    DEADLINE_ERROR,
-    MAX_LISTED,
-    DeliveryError,
-    Notifier,
-    compose,
-    deliver,
-    select,
-    text_of,
-)
+from dflashctl.sentinel.notify import DEADLINE_ERROR, MAX_LISTED, Notifier, compose, select
 
 OOM = {"id": "cuda-oom", "summary": "CUDA out of memory", "remedy": "lower --batch-size or enable checkpointing"}
 
