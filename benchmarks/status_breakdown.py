@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/status_breakdown.py [--calls 11] [--out benchmarks/results/status_breakdown.md]
 
 Loopback sshd + `pct` stand-in + nvidia-smi stand-in (benchmarks/loopback.py), a run frozen on a 700 kB log. Rows:
-ssh's floor, `pct exec`'s, a container interpreter's, the probe in the container compiled from source (as before)
-and from the compiled-code cache (agent/codecache.py), the Proxmox host's kernel-log side as a second interpreter
-running the whole probe (as before) and as the small xid module (now in-process in hostpair), the laptop side alone
+ssh's floor, `pct exec`'s, a container interpreter's, the probe in the container from the compiled-code cache of
+--cache-rev (agent/codecache.py, the way before the agent archive) and from the installed agent archive (now; and
+the same archive without the bytecode its installer adds, and what the one-time install costs), the Proxmox host's
+half (agent/hostpair.py) from the archive installed there, the laptop side alone
 (parse + judge + print of a recorded reply, a new process), the seed's raw one-liner, the probe (with the host's Xid
 read) through a warm master (each request a fresh channel of its connection: issue 25 removed the resident runners),
 and the whole status with persist = 0 and through a warm master.
@@ -27,8 +28,11 @@ import time
 from loopback import DFLASHCTL, frozen_run, loopback_pve, publish, raw_oneliner, result_path, sshd_missing
 from startup import exported, hosts_with_persist
 
-from dflashctl.remote.probe import build_script, loader_source, probe_args
-from dflashctl.remote.scripts import module_source
+from dflashctl.remote import agentcall, agentpack
+from dflashctl.remote.probe import probe_args
+
+OLD_PROBE = ("import sys; from dflashctl.remote.probe import build_script, loader_source; "
+             "sys.stdout.write(loader_source() + '\\0' + build_script())")
 
 LAPTOP = """
 import json, sys
@@ -102,7 +106,8 @@ def in_process(env: dict[str, str], hosts: dict[str, object], run: str, ct: str,
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=11)
-    ap.add_argument("--before", default="5eaf9fb", help="the tree to compare the whole status with (git rev)")
+    ap.add_argument("--before", default="683f534", help="the tree to compare the whole status with (git rev)")
+    ap.add_argument("--cache-rev", default="683f534", help="a tree with the compiled-code cache (agent/codecache.py)")
     ap.add_argument("--out", default=result_path("status_breakdown.md"))
     args = ap.parse_args()
     if sshd_missing():
@@ -118,26 +123,37 @@ def main() -> int:
             return [argv[0], "-o", "ControlMaster=no", *argv[1:]]
 
         pargs = probe_args("/workspace/dflash", run_dir.name, events=True)
-        probe_src = build_script().encode()
-        xid_only = module_source("probe.xid") + "\nxid_report()\n"
         pct = ["pct", "exec", ct, "--"]
+        cached = exported(args.cache_rev)
+        old_loader, old_probe = subprocess.run([sys.executable, "-c", OLD_PROBE], capture_output=True, check=True,
+                                               env={**env, "PYTHONPATH": str(cached)}).stdout.decode().split("\0")
+        sha, ws_ct = agentpack.sha256(), "/workspace/dflash"
+        install_ct = [*pct, "python3", "-c", agentcall.installer_source(), f"{ws_ct}/.agent", sha]
+        install_host = ["python3", "-c", agentcall.installer_source(), agentcall.HOST_FOLDER, sha]
+        for argv in (install_ct, install_host):
+            subprocess.run(argv, input=agentpack.archive(), capture_output=True, env=env, check=True, timeout=120)
+        (pve.workspace_dir / "dflash" / "source-only.pyz").write_bytes(agentpack.archive())  # no .pyc beside
         off, on = hosts_with_persist(pve.hosts_file, 0), hosts_with_persist(pve.hosts_file, 120)
         probe = [sys.executable, "-P", "-c", PROBE, run_dir.name]
         status = [str(DFLASHCTL), "status", "--json"]
         mod = [sys.executable, "-P", "-m", "dflashctl", "status", "--json"]  # -P: the tree PYTHONPATH names
         old = exported(args.before)
-        reply = subprocess.run([*pct, "python3", "-", *pargs], input=probe_src, capture_output=True, env=env,
-                               check=True).stdout.decode().split(" ", 1)[1]
+        archived = [*pct, "python3", "-c", agentcall.BOOT, f"{ws_ct}/.agent/{sha}.pyz", "probe", *pargs]
+        reply = subprocess.run(archived, capture_output=True, env=env, check=True).stdout.decode().split(" ", 1)[1]
         recorded = json.dumps(json.loads(reply)["doc"]).encode()
         rows: dict[str, tuple[list[str], dict[str, str], bytes | None]] = {
             "ssh host true": (ssh("true"), env, None),
             "ssh host pct exec CT -- true": (ssh(" ".join([*pct, "true"])), env, None),
             "ssh host pct exec CT -- python3 -c pass": (ssh(" ".join([*pct, "python3", "-c", "pass"])), env, None),
-            "probe in the container, compiled from source (before)": ([*pct, "python3", "-", *pargs], env, probe_src),
-            "probe in the container, from the code cache (now)": ([*pct, "python3", "-c", loader_source(), *pargs],
-                                                                  env, probe_src),
-            "host's xid side: python3 - --xid, whole probe (before)": (["python3", "-", "--xid"], env, probe_src),
-            "host's xid side: the xid module alone (now: in hostpair)": (["python3", "-c", xid_only], env, None),
+            f"probe in the container, from the code cache ({args.cache_rev}: pasted source on stdin)":
+                ([*pct, "python3", "-c", old_loader, *pargs], env, old_probe.encode()),
+            "probe in the container, from the installed agent archive (now)": (archived, env, None),
+            "probe in the container, the same archive without its bytecode": (
+                [*pct, "python3", f"{ws_ct}/source-only.pyz", "probe", *pargs], env, None),
+            "install the archive in the container (once per version)": (install_ct, env, agentpack.archive()),
+            "host half (hostpair --apps) from the archive on the host": (
+                ["python3", "-c", agentcall.BOOT, f"{agentcall.HOST_FOLDER}/{sha}.pyz", "hostpair", "--apps"], env,
+                None),
             "laptop side alone: parse + judge + print a recorded reply": ([sys.executable, "-c", LAPTOP], env,
                                                                           recorded),
             "raw one-liner (ControlMaster=no)": (raw_oneliner(sshd, pve, run_dir, "-o", "ControlMaster=no"), env,
@@ -166,6 +182,7 @@ def main() -> int:
         imports = subprocess.run([sys.executable, "-X", "importtime", "-c", "import dflashctl.cli.status"],
                                  capture_output=True, env=env, check=True).stderr.decode().splitlines()
         shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(cached, ignore_errors=True)
         for hosts in (on,):
             subprocess.run([str(DFLASHCTL), "hosts", "disconnect"], env={**env, "DFLASHCTL_HOSTS": str(hosts)},
                            capture_output=True, timeout=60, check=False)
