@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from trainer.oneline import first_line
+
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
 
 
@@ -76,8 +78,7 @@ def read_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any]]:
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint") from None
     except Exception as e:
-        lines = str(e).strip().splitlines() or [type(e).__name__]
-        raise CheckpointError(f"{path}: cannot load checkpoint ({lines[0]})") from None
+        raise CheckpointError(f"{path}: cannot load checkpoint ({first_line(e)})") from None
     if not isinstance(state, dict) or "drafter" not in state or "config" not in state:
         raise CheckpointError(f"{path}: not a trainer checkpoint (needs 'drafter' and 'config')")
     check_layout(state, path)

@@ -58,7 +58,8 @@ class DrafterConfig:
     num_layers: int = 2
     block_size: int = 16
     init_std: float = 0.02
-    """Linear weights ~ normal(0, init_std), biases 0 (SpecForge's initializer_range); 0 = torch's default Linear
+    """Linear weights ~ normal(0, init_std), biases 0, norms 1 (SpecForge's configs/qwen3-8b-dflash.json
+    initializer_range, as HF's PreTrainedModel._init_weights applies it); 0 = torch's default Linear
     init (uniform +-1/sqrt(fan_in)), what the tiny CPU demo keeps: at hidden 64 it learns visibly in 60 steps."""
     gamma: float = 0.0
     """Loss decay exp(-(k-1)/gamma); 0 = DFlash's published value for the block size (`PUBLISHED_GAMMA`: 7 for

@@ -41,6 +41,7 @@ from trainer.chat_client import THINKING, ChatClient, ServerError, ServerSetting
 from trainer.checkpoint import atomic_write_bytes
 from trainer.datagen_common import ProgressBar, check_resume
 from trainer.dataset import FORMAT, DataError, shard_path, summarize, write_shard
+from trainer.oneline import first_line
 from trainer.prompt_file import encode_prompt, load_prompts
 
 # ---- command line (trainer/datagen.py parses; these are the server's options) ---------------------------------
@@ -153,7 +154,7 @@ def _load_target(target_path: str) -> tuple[Any, dict[str, Any]]:
     try:
         tokenizer = load_tokenizer(target_path)
     except Exception as e:  # transformers raises OSError/ValueError/... for a missing or broken tokenizer
-        raise DataError(f"{target_path}: cannot load the tokenizer ({str(e).strip().splitlines()[0]})") from None
+        raise DataError(f"{target_path}: cannot load the tokenizer ({first_line(e)})") from None
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(f"{target_path}: the tokenizer has no chat template; a chat server needs one")
     gen = Path(target_path) / "generation_config.json"

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from trainer.checkpoint import atomic_write_bytes
 from trainer.hf_config import read_json_object
+from trainer.oneline import first_line
 
 FORMAT = 1
 
@@ -74,7 +75,7 @@ def read_samples(data_dir: str | Path) -> list[Sample]:
         try:
             st = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # a torn or foreign file: say which
-            raise DataError(f"{path}: cannot load ({(str(e).strip().splitlines() or ['?'])[0]})") from None
+            raise DataError(f"{path}: cannot load ({first_line(e)})") from None
         ends = st["lengths"].cumsum(0).tolist()
         starts = [0] + ends[:-1]
         for j, (a, b) in enumerate(zip(starts, ends, strict=True)):

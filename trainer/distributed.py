@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from trainer.oneline import first_line
+
 FAILURE_KEY = "dflash/failure"
 """Set once, by the first rank whose run aborts: `rank R THREAD crashed: TYPE: MESSAGE`."""
 ACK_KEY = "dflash/abort-acks"
@@ -143,8 +145,7 @@ class Dist:
         except Exception as e:
             self._last_poll = 0.0
             remote = self.poll_failure(time.monotonic())
-            lines = str(e).strip().splitlines() or [type(e).__name__]
-            return remote or f"rank {self.rank} lost its peers at the end: {type(e).__name__}: {lines[0]}"
+            return remote or f"rank {self.rank} lost its peers at the end: {type(e).__name__}: {first_line(e)}"
 
 
 def _env_int(env: dict[str, str], key: str, default: int | None) -> int:
@@ -218,9 +219,8 @@ def join(d: Dist, backend: str, timeout_s: float, device: str | None = None) -> 
         dist.init_process_group(backend=backend, init_method="env://", rank=d.rank, world_size=d.world_size,
                                 timeout=timedelta(seconds=timeout_s))
     except Exception as e:
-        lines = str(e).strip().splitlines() or [type(e).__name__]
         raise DistError(f"rank {d.rank}: cannot join the process group ({backend}, "
-                        f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}): {lines[0]}") from None
+                        f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}): {first_line(e)}") from None
     d.store = dist.distributed_c10d._get_default_store()
     return d
 

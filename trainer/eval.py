@@ -29,13 +29,13 @@ from trainer.eval_load import (
     EvalError,
     build_for_eval,
     check_devices,
-    first_line,
     load_bench_sets,
     load_checkpoint,
     load_eval_prompts,
     stop_token_ids,
 )
 from trainer.eval_report import EvalReport, RequestResult, SetReport, render
+from trainer.oneline import first_line
 from trainer.sampling import GREEDY, Rng, Sampling
 from trainer.speculative import DFlashSource, DraftSource, GenResult, NgramSource, generate, stop_set, target_device
 

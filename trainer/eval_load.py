@@ -15,11 +15,6 @@ class EvalError(Exception):
     """Bad checkpoint, config or prompts; one line for the user."""
 
 
-def first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
-
-
 def load_checkpoint(path: str | Path) -> tuple[Any, dict[str, Any]]:
     """(config, drafter state) of a step-*.pt file or a run directory's newest checkpoint."""
     from trainer.checkpoint import CheckpointError, checkpoint_config, read_checkpoint

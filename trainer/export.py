@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from trainer.drafter_format import CONFIG_FILE, LAYOUT, WEIGHTS_FILE, DrafterFormatError, reference_config
+from trainer.oneline import first_line
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -47,8 +48,7 @@ def read_exported(directory: str | Path) -> dict[str, torch.Tensor]:
     except FileNotFoundError:
         raise DrafterFormatError(f"{path}: missing (not a drafter directory)") from None
     except Exception as e:  # a truncated or foreign file: safetensors raises its own error types
-        raise DrafterFormatError(f"{path}: cannot read ({str(e).splitlines()[0] if str(e) else type(e).__name__})") \
-            from None
+        raise DrafterFormatError(f"{path}: cannot read ({first_line(e)})") from None
 
 
 def load_exported(drafter: nn.Module, directory: str | Path,

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from trainer.config import Config, TargetConfig
 from trainer.hf_config import HFConfigError, target_dims
+from trainer.oneline import first_line
 
 
 def split_layers(num_layers: int, devices: list[str]) -> list[str]:
@@ -213,8 +214,7 @@ def load_hf_target(tcfg: TargetConfig, devices: list[str], dtype: torch.dtype | 
         except TypeError:  # transformers < 4.56 names it torch_dtype
             model = AutoModelForCausalLM.from_pretrained(tcfg.path, torch_dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as e:  # no weights, truncated safetensors, unreadable files: one line, not a trace
-        lines = str(e).strip().splitlines() or [type(e).__name__]
-        raise HFConfigError(f"{tcfg.path}: cannot load the checkpoint ({lines[0]})") from None
+        raise HFConfigError(f"{tcfg.path}: cannot load the checkpoint ({first_line(e)})") from None
     return HFTarget(model, synced, devices)
 
 

@@ -37,7 +37,7 @@ def corpus_from_jsonl(path: Path) -> list[str]:
     return texts
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int = 384):
+def build_tokenizer(texts: Iterable[str], vocab_size: int = 384, chat_template: str = CHAT_TEMPLATE):
     """A byte-level BPE (any text encodes) trained locally, wrapped as a transformers fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -49,7 +49,7 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 384):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(list(texts), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|end|>", pad_token="<|pad|>")
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     return fast
 
 

@@ -13,10 +13,6 @@ from trainer.kvcache import KVCache
 from trainer.layers import AttendFn, RMSNorm, SwiGLU, apply_rope, check_attention_inputs, rope_cos_sin, same_dtype
 from trainer.tiny_target import TargetModel
 
-INIT_STD = 0.02
-"""`drafter.init_std`'s default: Linear weights ~ normal(0, 0.02), biases 0, norms 1: SpecForge's
-configs/qwen3-8b-dflash.json initializer_range 0.02 as HF's PreTrainedModel._init_weights applies it."""
-
 
 class DrafterAttention(nn.Module):
     """The reference's `Qwen3DFlashAttention`: queries from the block; keys/values from [projected target context ;

@@ -14,7 +14,7 @@ prompt-lookup-decoding reference implementation).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 
 
 def propose_ngram(ids: Sequence[int], num_tokens: int, max_ngram: int = 3, min_ngram: int = 1,
@@ -39,8 +39,3 @@ def propose_ngram(ids: Sequence[int], num_tokens: int, max_ngram: int = 3, min_n
                 return chosen
     return []
 
-
-def ngram_draft_fn(num_tokens: int, max_ngram: int = 3, min_ngram: int = 1,
-                   eos_ids: Collection[int] = ()) -> Callable[[object, list[int]], list[int]]:
-    """Prompt lookup as a trainer.speculative DraftFn `(ctx, ids) -> tokens` (it ignores the target features)."""
-    return lambda ctx, ids: propose_ngram(ids, num_tokens, max_ngram, min_ngram, eos_ids)

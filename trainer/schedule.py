@@ -31,12 +31,17 @@ def resolve(tr: TrainConfig, samples: int | None, seqs_per_step: int) -> TrainCo
     return dataclasses.replace(tr, steps=steps, warmup_steps=warmup)
 
 
+def warmup_cosine(step: int, lr: float, min_lr: float, warmup: int, steps: int) -> float:
+    """Linear warm-up ((step + 1) / warmup * lr), then cosine from lr to min_lr over the remaining steps (the
+    small target's pre-training uses it too: trainer/small_target.py)."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    frac = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * frac))
+
+
 def lr_at(step: int, tr: TrainConfig) -> float:
-    """Linear warm-up ((step + 1) / warmup * lr), then cosine (or constant) from lr to min_lr over the rest."""
-    if step < tr.warmup_steps:
-        return tr.lr * (step + 1) / tr.warmup_steps
-    if tr.schedule == "constant":
+    """`warmup_cosine`, or constant at lr after the warm-up (`train.schedule`)."""
+    if tr.schedule == "constant" and step >= tr.warmup_steps:
         return tr.lr
-    span = max(1, tr.steps - tr.warmup_steps)
-    frac = min(1.0, (step - tr.warmup_steps) / span)
-    return tr.min_lr + 0.5 * (tr.lr - tr.min_lr) * (1 + math.cos(math.pi * frac))
+    return warmup_cosine(step, tr.lr, tr.min_lr, tr.warmup_steps, tr.steps)

@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import math
 import shutil
 import sys
 import sysconfig
@@ -28,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trainer.hf_tiny import build_tokenizer
 
 VERSION = 2
 """Bump when the corpus selection, the tokenizer or the training changes: cached builds are then rebuilt."""
@@ -158,14 +159,6 @@ def chat_stream(tok: Any, samples: list[list[dict[str, str]]]) -> list[int]:
     return [i for enc in tok(texts, add_special_tokens=False)["input_ids"] for i in enc]
 
 
-def build_tokenizer(texts: list[str], vocab_size: int) -> Any:
-    from trainer.hf_tiny import build_tokenizer as bpe
-
-    tok = bpe(texts, vocab_size=vocab_size)
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
-
-
 def new_model(cfg: SmallTargetConfig, tok: Any) -> Any:
     """The untrained Qwen3 for `tok` (vocab one row past the tokenizer), initialised from cfg.seed."""
     import torch
@@ -208,14 +201,6 @@ def heldout_loss(model: Any, ids: list[int], seq_len: int, max_windows: int, bat
     return total / n
 
 
-def lr_at(cfg: SmallTargetConfig, step: int) -> float:
-    """Linear warmup, then cosine from lr to min_lr over the remaining steps."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, frac)))
-
-
 def train(model: Any, train_ids: list[int], heldout_ids: list[int], cfg: SmallTargetConfig,
           log: Any = print) -> list[dict[str, float]]:
     """Train in place on random windows of `train_ids`; returns the logged points (step, loss, heldout_loss)."""
@@ -224,6 +209,11 @@ def train(model: Any, train_ids: list[int], heldout_ids: list[int], cfg: SmallTa
     data = torch.tensor(train_ids)
     if len(data) <= cfg.seq_len + 1:
         raise ValueError("small target: training text shorter than one window")
+    from trainer.schedule import warmup_cosine
+
+    def lr_at(step: int) -> float:
+        return warmup_cosine(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
+
     gen = torch.Generator().manual_seed(cfg.seed)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "norm" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "norm" not in n)]
@@ -235,7 +225,7 @@ def train(model: Any, train_ids: list[int], heldout_ids: list[int], cfg: SmallTa
         starts = torch.randint(0, len(data) - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
         batch = torch.stack([data[s: s + cfg.seq_len + 1] for s in starts.tolist()])
         for group in opt.param_groups:
-            group["lr"] = lr_at(cfg, step)
+            group["lr"] = lr_at(step)
         loss = lm_loss(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -248,7 +238,7 @@ def train(model: Any, train_ids: list[int], heldout_ids: list[int], cfg: SmallTa
             curve.append(point)
             window = []
             log(f"step {point['step']} loss {point['loss']:.4f} heldout {point['heldout_loss']:.4f} "
-                f"lr {lr_at(cfg, step):.2e} elapsed_s {time.perf_counter() - t0:.1f}")
+                f"lr {lr_at(step):.2e} elapsed_s {time.perf_counter() - t0:.1f}")
     model.eval()
     return curve
 
@@ -280,7 +270,7 @@ def build(out: Path, cfg: SmallTargetConfig, log: Any = print) -> dict[str, Any]
     torch.set_num_threads(cfg.threads)
     try:
         train_texts, heldout_texts, corpus_sha = split_corpus(cfg)
-        tok = build_tokenizer(train_texts, cfg.vocab_size)
+        tok = build_tokenizer(train_texts, cfg.vocab_size, CHAT_TEMPLATE)
         train_ids, heldout_ids = token_stream(tok, train_texts), token_stream(tok, heldout_texts)
         n_raw = len(train_ids)
         train_ids += chat_stream(tok, chat_samples(train_texts, cfg.chat_max_chars)) if cfg.chat_max_chars else []

@@ -22,7 +22,7 @@ prefill) divided by every output token, the first included.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,8 +30,6 @@ import torch
 from torch import Tensor
 
 from trainer.sampling import GREEDY, Rng, Sampling, greedy_verify, pick, rejection_sample, sample_probs, sampling_probs
-
-ForwardFn = Callable[[Tensor], tuple[Tensor, Tensor]]
 
 
 class CachedTarget(Protocol):
@@ -122,7 +120,6 @@ class GenResult:
     """Per verification step: tokens committed (accepted drafts + the target's own token), within budget/stop."""
     target_forwards: int = 0
     """Target forward passes, the prefill included."""
-    prefill_s: float = 0.0
     decode_s: float = 0.0
     """Wall time after the prefill (CUDA synchronised)."""
 
@@ -169,12 +166,10 @@ def generate(target: CachedTarget, source: DraftSource | None, prompt: list[int]
     drafting = source is not None and block_size > 1
     feature_layers = list(layer_ids or []) if drafting and source.needs_features else []
     dev = target_device(target)
-    t0 = _clock(dev)
     cache = target.new_cache()
     logits, ctx = target.forward_cached(torch.tensor([prompt], device=dev), cache, feature_layers, logits_to_keep=1)
     res = GenResult([pick(logits[0, -1], sampling, rng)], target_forwards=1)
     t1 = _clock(dev)
-    res.prefill_s = t1 - t0
     ids, start, ctx_start = list(prompt) + res.tokens, len(prompt), 0
     max_length = len(prompt) + max_new_tokens
     stopped = res.tokens[0] in stops
@@ -204,23 +199,3 @@ def generate(target: CachedTarget, source: DraftSource | None, prompt: list[int]
         start += len(new)
     res.decode_s = _clock(dev) - t1
     return res
-
-
-# ---- uncached reference ----------------------------------------------------------------------------------
-def forward_fn(target: Any, layer_ids: list[int]) -> ForwardFn:
-    """A full forward without a cache (`forward_all`): the independent reference the cached path is tested on."""
-    return lambda ids: target.forward_all(ids, layer_ids)
-
-
-def greedy_decode(forward: ForwardFn, prompt: list[int], max_new_tokens: int, eos_id: int | None,
-                  device: torch.device | str = "cpu") -> list[int]:
-    """Plain greedy decoding, one full recompute per token, no cache."""
-    ids, out = list(prompt), []
-    while len(out) < max_new_tokens:
-        logits, _ = forward(torch.tensor([ids], device=device))
-        tok = int(logits[0, -1].argmax())
-        out.append(tok)
-        ids.append(tok)
-        if tok == eos_id:
-            break
-    return out

@@ -6,7 +6,9 @@ import random
 
 import pytest
 
-from trainer.prompt_lookup import ngram_draft_fn, propose_ngram
+from trainer.prompt_lookup import propose_ngram
+from trainer.sampling import GREEDY
+from trainer.speculative import NgramSource
 
 
 def test_longest_trailing_ngram_wins():
@@ -58,9 +60,10 @@ def test_bad_arguments():
         propose_ngram([1, 1], 2, max_ngram=0)
 
 
-def test_draft_fn_ignores_the_features():
-    draft = ngram_draft_fn(2)
-    assert draft(object(), [4, 8, 1, 4]) == [8, 1]
+def test_the_speculative_source_proposes_by_lookup_and_ignores_the_features():
+    source = NgramSource()
+    assert not source.needs_features
+    assert source.propose([4, 8, 1, 4], object(), 0, 2, GREEDY, None).tokens == [8, 1]
 
 
 def test_same_proposals_as_transformers():

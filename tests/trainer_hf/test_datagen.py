@@ -14,6 +14,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from greedy_reference import forward_fn, greedy_decode  # noqa: E402
 from hf_paths import PROMPTS, REPO  # noqa: E402
 
 from trainer.config import TargetConfig  # noqa: E402
@@ -21,7 +22,6 @@ from trainer.datagen import GenSettings, generate_dataset  # noqa: E402
 from trainer.dataset import DataError, GeneratedData, read_meta, read_samples, window  # noqa: E402
 from trainer.hf import load_hf_target, load_tokenizer  # noqa: E402
 from trainer.prompt_file import encode_prompt, load_prompts  # noqa: E402
-from trainer.speculative import forward_fn, greedy_decode  # noqa: E402
 
 SETTINGS = GenSettings(max_new_tokens=48, shard_size=16, batch_size=8)
 

@@ -7,12 +7,13 @@ import itertools
 
 import pytest
 import torch
+from greedy_reference import forward_fn, greedy_decode
 from torch import nn
 
 from trainer.config import DrafterConfig, TargetConfig
 from trainer.model import build_drafter
 from trainer.sampling import Rng, Sampling, rejection_sample, sampling_probs
-from trainer.speculative import DFlashSource, Proposal, forward_fn, generate, greedy_decode
+from trainer.speculative import DFlashSource, Proposal, generate
 from trainer.tiny_target import TinyTarget
 
 LAYERS = [1, 3]
