@@ -12,6 +12,7 @@ missing and the check says so (`xid_error`); NVML / nvidia-smi's ECC and row-rem
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,6 @@ class Recheck:
         return {**self.exclusion.to_record(), "visible": self.visible, "xid_error": self.xid_error}
 
 
-
 def recheck(gpu_health: dict, reader: GpuReader | None = None) -> Recheck:
     """The GPUs the next attempt gets, from a fresh reading; exclusion.refused says why it cannot start."""
     doc = parse_report(report(ProbeRequest(gpus=True, xid=True), None, None, reader))
@@ -46,6 +46,30 @@ def recheck(gpu_health: dict, reader: GpuReader | None = None) -> Recheck:
     if doc.xid is not None and doc.xid.source is None:
         xid_error = doc.xid.error or "the kernel log could not be read"
     return Recheck(ex, visible, xid_error)
+
+
+def recheck_within(gpu_health: dict, wait_s: float) -> Recheck | str:
+    """recheck() given at most wait_s, or why not (one line). It reads in a thread with a reader of its own; past
+    wait_s that reader's nvidia-smi is killed then and there, not at its own SMI_TIMEOUT_S (longer, so that the wait
+    decides): the sentinel exits right after, and an orphaned nvidia-smi hung after an Xid 79 would outlive the run.
+    (A hung NVML call cannot be ended: its thread is a daemon and ends with the sentinel.)"""
+    reader = GpuReader()
+    got: list = []
+
+    def check_now() -> None:
+        try:
+            got.append(recheck(gpu_health, reader))
+        except Exception as e:  # noqa: BLE001 - a broken reading must not cost the restart
+            got.append(f"{type(e).__name__}: {e}")
+
+    t = threading.Thread(target=check_now, daemon=True, name="gpu-recheck")
+    t.start()
+    t.join(wait_s)
+    if not got:
+        reader.smi.cut(0)
+        return f"no answer within {wait_s:g} s"
+    reader.close()
+    return got[0]
 
 
 def refusal_message(attempt: int, check: Recheck) -> str:

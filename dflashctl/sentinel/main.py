@@ -40,13 +40,14 @@ from dflashctl.model import Verdict
 from dflashctl.report import parse_report
 from dflashctl.sentinel.chain import restart_why
 from dflashctl.sentinel.events import EVENTS_FILE, Event, EventTracker
-from dflashctl.sentinel.gpurecheck import recheck, refusal_message
+from dflashctl.sentinel.gpurecheck import recheck_within, refusal_message
 from dflashctl.sentinel.notify import Notifier
 from dflashctl.sentinel.policy import Decision, PolicyState
 
 END_WAIT_S = 8.0  # the supervisor waits this long for the sentinel's end (exit_code waits on it)
 FLUSH_S = 5.0  # of which the GPU re-check before a restart and the last notifications may take this long together
 RECHECK_S = 4.0  # at most this of it for the GPU re-check
+END_SMI_S = 2.0  # the watch's nvidia-smi once the run has ended: the one in flight is ended, the final one gets this
 STOP_GRACE_S = 30.0  # a policy stop: SIGTERM, this long, then SIGKILL (as `dflashctl stop`)
 READ_MAX = 4 << 20  # log bytes per read: a burst is read in several passes, memory stays bounded
 
@@ -181,18 +182,7 @@ class Sentinel:
         if not self.gpu_health or not self.gpu_health.get("pool"):
             return why, None
         attempt = self.spec.attempt + 1
-        got: list = []
-
-        def check_now() -> None:
-            try:
-                got.append(recheck(self.gpu_health, self.gpu_reader))
-            except Exception as e:  # noqa: BLE001 - a broken reading must not cost the restart
-                got.append(f"{type(e).__name__}: {e}")
-
-        t = threading.Thread(target=check_now, daemon=True, name="gpu-recheck")
-        t.start()
-        t.join(RECHECK_S)
-        check = got[0] if got else f"no answer within {RECHECK_S:g} s"
+        check = recheck_within(self.gpu_health, RECHECK_S)
         if isinstance(check, str):
             sys.stderr.write(f"[sentinel] GPU re-check before attempt {attempt} failed: {check}\n")
             return why, None
@@ -212,6 +202,7 @@ class Sentinel:
             self.exit_code = int(line.strip()) if line.strip() else None
         except (OSError, ValueError):
             self.exit_code = None
+        self.gpu_reader.smi.cut(END_SMI_S)  # a hung nvidia-smi must not eat the supervisor's END_WAIT_S
         self.ended.set()
 
     def run(self) -> int:

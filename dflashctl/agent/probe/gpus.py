@@ -14,8 +14,13 @@ a reader reads once and closes (what the sentinel and the restart wait call).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import subprocess
+import threading
+import time
 
 from dflashctl.agent.probe.nvml import NvmlReader
 
@@ -28,26 +33,44 @@ SMI_HEALTH = ("pci.bus_id", "temperature.gpu", "power.limit", "persistence_mode"
               "enforced.power.limit", "remapped_rows.correctable", "remapped_rows.uncorrectable", "gpu_recovery_action")
 SMI_OLD_NAMES = {"clocks_event_reasons.active": "clocks_throttle_reasons.active"}  # before R535
 SMI_TIMEOUT_S = 20
+END_REAP_S = 1.0  # a killed nvidia-smi is waited for this long
 _SMI_REJECTED = re.compile(r'Field "([^"]+)" is not a valid field to query')
 
 
 class SmiQuery:
-    """`nvidia-smi --query-gpu` with the health fields this driver accepts: found on the first call, kept after."""
+    """`nvidia-smi --query-gpu` with the health fields this driver accepts: found on the first call, kept after.
+
+    Each call runs in a process group of its own and, past its time, the whole group is killed: after an Xid 79
+    nvidia-smi can hang for good, and one left behind outlives its caller (the sentinel exits, the run ends)."""
 
     def __init__(self) -> None:
         self.fields = [*SMI_QUERY.split(","), *SMI_HEALTH]
         self.missing: list[str] = []
+        self.timeout_s: float = SMI_TIMEOUT_S
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen | None = None
+
+    def cut(self, timeout_s: float) -> None:
+        """From now on a call gets at most timeout_s (0: none starts), and the call in flight, if any, is ended now:
+        a caller that stops waiting for a reading (another thread) takes its nvidia-smi with it."""
+        with self._lock:
+            self.timeout_s = timeout_s
+            child = self._child
+        if child is not None:
+            _end(child)
 
     def run(self) -> tuple[str | None, str | None]:
         """(csv, None) or (None, why not)."""
+        limit = self.timeout_s
+        deadline = time.monotonic() + limit
         for _ in range(2 * len(SMI_HEALTH) + 1):
             try:
-                res = subprocess.run(["nvidia-smi", "--query-gpu=" + ",".join(self.fields), "--format=csv,nounits"],
-                                     stdin=subprocess.DEVNULL, capture_output=True, timeout=SMI_TIMEOUT_S)
+                res = self._call(["nvidia-smi", "--query-gpu=" + ",".join(self.fields), "--format=csv,nounits"],
+                                 deadline - time.monotonic())
             except FileNotFoundError:
                 return None, "nvidia-smi not found"
             except subprocess.TimeoutExpired:
-                return None, f"nvidia-smi timed out after {SMI_TIMEOUT_S}s"
+                return None, f"nvidia-smi timed out after {limit:g}s"
             if res.returncode == 0:
                 return res.stdout.decode("utf-8", "replace"), None
             text = (res.stderr + b"\n" + res.stdout).decode("utf-8", "replace")
@@ -57,6 +80,23 @@ class SmiQuery:
             msg = " | ".join((res.stderr or res.stdout).decode("utf-8", "replace").strip().splitlines()[-3:])
             return None, f"nvidia-smi exit {res.returncode}: {msg}"
         return None, "nvidia-smi rejected every health field"
+
+    def _call(self, argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+        with self._lock:
+            timeout_s = min(timeout_s, self.timeout_s)  # a cut() since the reading began counts too
+            if timeout_s <= 0:
+                raise subprocess.TimeoutExpired(argv, 0)
+            child = self._child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                                   stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            out, err = child.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _end(child)
+            raise
+        finally:
+            with self._lock:
+                self._child = None
+        return subprocess.CompletedProcess(argv, child.returncode, out, err)
 
     def _drop(self, field: str) -> bool:
         """Stop asking for a rejected health field (its older name instead, where it has one); False for a field
@@ -71,6 +111,14 @@ class SmiQuery:
         else:
             del self.fields[i]
         return True
+
+
+def _end(child: subprocess.Popen) -> None:
+    """Kill a call's whole group and reap it (bounded: a process stuck in the driver may not die at once)."""
+    with contextlib.suppress(OSError):
+        os.killpg(child.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(END_REAP_S)
 
 
 class GpuReader:
