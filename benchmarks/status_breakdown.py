@@ -126,7 +126,8 @@ def main() -> int:
         pct = ["pct", "exec", ct, "--"]
         cached = exported(args.cache_rev)
         old_loader, old_probe = subprocess.run([sys.executable, "-c", OLD_PROBE], capture_output=True, check=True,
-                                               env={**env, "PYTHONPATH": str(cached)}).stdout.decode().split("\0")
+                                               cwd=cached, env={**env, "PYTHONPATH": str(cached)}
+                                               ).stdout.decode().split("\0")
         sha, ws_ct = agentpack.sha256(), "/workspace/dflash"
         install_ct = [*pct, "python3", "-c", agentcall.installer_source(), f"{ws_ct}/.agent", sha]
         install_host = ["python3", "-c", agentcall.installer_source(), agentcall.HOST_FOLDER, sha]

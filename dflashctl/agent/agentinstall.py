@@ -13,13 +13,9 @@ calls never see half a file. One line on stdout says what happened: `DFLASH-AGEN
 
 import contextlib
 import hashlib
-import importlib.util
-import io
-import marshal
 import os
 import stat
 import sys
-import zipfile
 
 TAG = b"dflash-agent "  # the trailer the bootstrap checks (remote/agentpack.py BOOT)
 REFUSED = 3
@@ -49,7 +45,13 @@ def folder_problem(folder: str):  # -> str | None
 
 def with_bytecode(data: bytes, where: str) -> bytes:
     """The archive again, each module's `.pyc` (this interpreter's) beside its `.py`; a module this Python cannot
-    compile keeps only its source (an old interpreter still reaches `check`)."""
+    compile keeps only its source (an old interpreter still reaches `check`). Its imports are here: the laptop imports
+    this module for TAG on every command."""
+    import importlib.util
+    import io
+    import marshal
+    import zipfile
+
     out = io.BytesIO()
     with zipfile.ZipFile(io.BytesIO(data)) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zout:
         for info in zin.infolist():
@@ -94,7 +96,7 @@ def install(folder: str, sha: str, data: bytes) -> int:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o600)
         os.replace(tmp, path)
-    except (OSError, zipfile.BadZipFile) as e:
+    except Exception as e:  # noqa: BLE001 - whatever failed (a full disk, a bad zip): one line, no half file
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         say(f"refused: cannot write {path}: {getattr(e, 'strerror', None) or e}")

@@ -82,9 +82,24 @@ def test_the_archive_holds_the_programs_byte_for_byte_and_nothing_of_the_laptop_
 
 
 def test_the_archive_is_the_same_bytes_when_built_again_in_another_interpreter() -> None:
-    code = "from dflashctl.remote.agentpack import sha256; print(sha256())"
+    code = "import hashlib; from dflashctl.remote.agentpack import build; print(hashlib.sha256(build()).hexdigest())"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert other == agentpack.sha256() == hashlib.sha256(agentpack.archive()).hexdigest()
+
+
+def test_a_command_reads_the_archive_built_once_and_a_damaged_entry_is_built_again(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    agentpack.archive.cache_clear()
+    try:
+        first = agentpack.archive()
+        (entry,) = (tmp_path / "dflashctl" / "agentpack").glob("*.pyz")
+        assert entry.name == f"{agentpack.signature()}.pyz" and entry.read_bytes()[64:] == first
+        assert (entry.parent.stat().st_mode & 0o777) == 0o700
+        agentpack.archive.cache_clear()
+        entry.write_bytes(entry.read_bytes()[:-10])
+        assert agentpack.archive() == first == agentpack.build() and entry.read_bytes()[64:] == first
+    finally:
+        agentpack.archive.cache_clear()
 
 
 def install(folder: Path, data: bytes | None = None, sha: str | None = None) -> subprocess.CompletedProcess:
