@@ -43,8 +43,20 @@ def before_tree(rev: str | None = None) -> Iterator[tuple[Path, str]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def probe_script(tree: Path) -> bytes:
-    """The probe exactly as `tree`'s CLI sends it (its remote/scripts.py assembling its agent/probe/main.py)."""
+def probe_script(tree: Path, pve: PveEnv | None = None) -> bytes:
+    """The probe as `tree`'s CLI runs it, as a program for `python3 -`: a tree that pasted it (remote/scripts.py) sends
+    that; a tree with the agent archive (issue 25) gets its archive installed in pve's container (as the CLI would
+    on first use) and a two-line program running the probe from it, so both run under the same argv."""
+    if not (tree / "dflashctl" / "remote" / "scripts.py").exists():
+        from dflashctl.remote import agentcall, agentpack
+
+        assert pve is not None, "the archive is installed in the container: pass pve"
+        folder = "/workspace/dflash/.agent"
+        done = pve.exec(["python3", "-c", agentcall.installer_source(), folder, agentpack.sha256()],
+                        stdin=agentpack.archive(), timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return (f"import sys; sys.path.insert(0, {folder + '/' + agentpack.sha256() + '.pyz'!r})\n"
+                "from dflashctl.agent.probe.main import main; sys.exit(main(sys.argv[1:]))\n").encode()
     code = ("import sys; from dflashctl.remote.scripts import module_source; "
             "sys.stdout.write(module_source('probe.main'))")
     return subprocess.run([sys.executable, "-c", code], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},

@@ -101,7 +101,7 @@ def main() -> int:
     out = [f"status benchmark: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {os.cpu_count()} CPUs, "
            f"load {os.getloadavg()[0]:.1f}; loopback sshd + pct stand-in + nvidia-smi stand-in (8 GPUs)"]
     with before_tree(args.before) as (tree, sha), loopback_pve() as (sshd, pve):
-        scripts = (probe_script(tree), probe_script(ROOT))
+        scripts = (probe_script(tree, pve), probe_script(ROOT, pve))
         # (a) detection latency at the redraw intervals 1 s and 5 s, this tree and the one before the log wait
         out += ["", "(a) crash detection latency: traceback written -> `status --watch` prints it",
                 f"{'tree':<14} | {'interval':>8} | {'trials':>6} | {'min':>7} | {'median':>7} | {'max':>7} | "

@@ -108,3 +108,14 @@ def test_a_spec_never_appears_in_any_commands_argv(local_host) -> None:
         assert isinstance(doc, dict) and seen.installs == 1
         assert not any(secret in arg for argv in seen.argvs for arg in argv)
         assert any(secret.encode() in s for s in seen.stdins)
+
+
+def test_a_watch_started_where_the_archive_is_missing_installs_it_and_streams(local_host) -> None:
+    with local_host.connect() as target:
+        seen = Recorder(target)
+        lines = agentcall.stream(target, "probe", "--workspace", target.host.workspace, "--watch", "--interval", "0.2")
+        try:
+            docs = [d for d in map(agentcall.parse_reply, (next(lines).decode() for _ in range(2))) if d is not None]
+        finally:
+            lines.close()
+        assert len(docs) == 2 and docs[0]["probe_version"] and seen.installs == 1

@@ -15,7 +15,7 @@ from harness.poll import wait_until
 
 from dflashctl.commands.status import status_once
 from dflashctl.errors import ContainerNotRunning, NotFound
-from dflashctl.remote import Target, connect, probe
+from dflashctl.remote import Target, agentcall, connect, probe
 from dflashctl.remote.transport import Result, Transport
 
 
@@ -36,6 +36,13 @@ class Recording(Transport):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def installed(pve: PveEnv) -> None:
+    """The agent archive in the container and on the host, as after a first command (which sends it once)."""
+    with connect(pve.host) as target:
+        agentcall.install(target)
+        agentcall.install(target, on_host=True)
 
 
 def recorded(host) -> tuple[Target, Recording]:  # noqa: ANN001 - Host
@@ -77,6 +84,7 @@ XID_79 = ("[Tue Dec  1 16:20:11 2026] NVRM: Xid (PCI:0000:1e:00): 79, pid=4242, 
 def test_one_shot_status_of_a_container_host_reads_the_run_and_the_hosts_side_in_two_commands_at_once(
         pve: PveEnv) -> None:
     pve.set_kernel_log([XID_79])
+    installed(pve)
     target, rec = recorded(pve.host)
     with target:
         doc = probe.probe_doc(target, pve.host.workspace, "latest", require_run=False, events=True, xid=True)
@@ -86,12 +94,13 @@ def test_one_shot_status_of_a_container_host_reads_the_run_and_the_hosts_side_in
     # half reads the kernel log and the GPUs' compute apps (its GPU share) in ONE interpreter (agent/hostpair.py)
     wait_until(lambda: len(rec.calls) == 4, what="two requests each")
     assert sorted(c[:2] for c in rec.calls) == [["pct", "exec"]] * 2 + [["python3", "-c"]] * 2
-    assert sorted(c[3:] for c in rec.calls if c[0] == "python3") == [[], ["--apps"]]
+    assert sorted(c[4:] for c in rec.calls if c[0] == "python3") == [["hostpair"], ["hostpair", "--apps"]]
     assert doc["hostname"] and doc["run"] is None  # the container probe's own report
     assert doc["xid"]["lines"] and "Xid (PCI:0000:1e:00): 79" in doc["xid"]["lines"][0]
 
 
 def test_one_shot_status_of_a_stopped_container_still_gives_the_precise_one_line_error(pve: PveEnv) -> None:
+    installed(pve)
     pve.stop_container()
     target, rec = recorded(pve.host)
     with target, pytest.raises(ContainerNotRunning) as exc:

@@ -253,7 +253,7 @@ def code_lines(pid: int, locations: list[tuple[str, int]]) -> dict:
 
 
 def _zipped_line(path: str, line: int) -> str:
-    """A line of a module imported from a zip (the sentinel's sentinel.pyz/dflashctl/…): linecache reads only
+    """A line of a module imported from a zip (the run's agent.pyz/dflashctl/…): linecache reads only
     files."""
     head, sep, inner = path.partition(".pyz/")
     if not sep:
