@@ -318,9 +318,13 @@ SIGNATURES: tuple[Signature, ...] = tuple(r.signature for r in RULES)
 
 # Each pattern runs only on lines holding one of its anchors: plain substring tests first (fast), the
 # regex after (a big alternation of 40 patterns costs ~100 µs a line in Python's engine; this, a few µs).
-_PATTERNS: list[tuple[Rule, tuple[str, ...], re.Pattern[str]]] = [
-    (r, tuple(a for a in ANCHORS if a in pat), re.compile(pat)) for r in RULES for pat in r.lines
+_PATTERNS: list[tuple[Rule, tuple[str, ...], str]] = [
+    (r, tuple(a for a in ANCHORS if a in pat), pat) for r in RULES for pat in r.lines
 ]
+# each pattern compiled the first time a line holding one of its anchors reaches it: compiling all ~125 cost a
+# one-shot `status` (a new process every time) ~10 % of its import time, and a healthy log's few special lines
+# reach a handful of them
+_COMPILED: list[re.Pattern[str] | None] = [None] * len(_PATTERNS)
 # anchor → the patterns (indices into _PATTERNS) that contain it: a line is tested only against the patterns of
 # the anchors it holds (one substring test per anchor, not one per pattern and anchor)
 _BY_ANCHOR: dict[str, tuple[int, ...]] = {
@@ -341,10 +345,15 @@ def match_line(text: str) -> list[Rule]:
     candidates = {i for c, group in _BY_FIRST if c in text for a, idx in group if a in text for i in idx}
     found: list[Rule] = []
     for i in sorted(candidates):
-        rule, _, pat = _PATTERNS[i]
-        if rule not in found and pat.search(text):
+        rule = _PATTERNS[i][0]
+        if rule not in found and (_COMPILED[i] or _compiled(i)).search(text):
             found.append(rule)
     return drop_superseded(found) if len(found) > 1 else found
+
+
+def _compiled(i: int) -> re.Pattern[str]:
+    pat = _COMPILED[i] = re.compile(_PATTERNS[i][2])
+    return pat
 
 
 def drop_superseded(rules: list[Rule]) -> list[Rule]:

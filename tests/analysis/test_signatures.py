@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,13 @@ def test_every_line_pattern_contains_an_anchor(rule: signatures.Rule) -> None:
     """The scanner only looks at lines with an anchor: a pattern without one would never fire."""
     for pat in rule.lines:
         assert any(a in pat for a in signatures.ANCHORS), pat
+
+
+def test_every_line_pattern_compiles() -> None:
+    """The scanner compiles a pattern the first time a line reaches it: a broken one must fail here, not there."""
+    for rule in signatures.RULES:
+        for pat in rule.lines:
+            re.compile(pat)
 
 
 HEALTHY = b"""\
