@@ -149,7 +149,7 @@ def full_scan(path: Path, use_grep: bool = True, drain: bool = True) -> tuple[fl
 def plain_scan(path: Path) -> tuple[float, LogScanner]:
     """The way before (the baseline): BLOCK-sized reads, special lines found by the anchors' regex."""
     saved = logscan.next_special
-    logscan.next_special = lambda buf, end, extra, fd=None: rawlines.NextSpecial(buf, end, rawlines.SPECIAL_RE)
+    logscan.next_special = lambda buf, end, extra, fd=None: rawlines.NextSpecial(buf, end, rawlines.special_re())
     try:
         s = LogScanner()
         t0 = time.perf_counter()

@@ -104,8 +104,10 @@ class AnchorFinder:
 
     def __init__(self, buf: bytes, end: int, sources: list[Source], extra: re.Pattern[bytes] | None = None) -> None:
         self.buf, self.end = buf, end
+        # a memchr source's check is compiled at its pivot's first hit: in most logs most rare bytes never occur
         self.sources: list[tuple[str, bytes, re.Pattern[bytes] | None]] = [
-            (s.kind, s.key, pivot_regex(s.key[0], s.anchors) if s.kind != "word" else None) for s in sources]
+            (s.kind, s.key, pivot_regex(s.key[0], s.anchors) if s.kind == "regex" else None) for s in sources]
+        self._anchors = [s.anchors for s in sources]
         if extra is not None:
             self.sources.append(("extra", b"", extra))
         self.overlap = max((len(a) for s in sources for a, _ in s.anchors), default=0)
@@ -134,12 +136,14 @@ class AnchorFinder:
                 at = found[j]
                 if at < pos and (at >= 0 or upto[j] < hi):
                     start = max(pos, upto[j]) if at < 0 else pos
-                    if rx is None:
+                    if kind == "word":
                         at = buf.find(key, start, lim)
                     elif kind == "memchr":
-                        at, match = buf.find(key, start, lim), rx.match
-                        while at >= 0 and not match(buf, at, end):
-                            at = buf.find(key, at + 1, lim)
+                        at = buf.find(key, start, lim)
+                        if at >= 0:
+                            match = (rx or self._check(j)).match
+                            while at >= 0 and not match(buf, at, end):
+                                at = buf.find(key, at + 1, lim)
                     else:
                         m = rx.search(buf, start, lim if kind == "regex" else end)
                         at = m.start() if m else -1
@@ -149,3 +153,9 @@ class AnchorFinder:
             if 0 <= best < hi or hi >= end:
                 return best
             hi = self.hi = min(end, hi + WINDOW)
+
+    def _check(self, j: int) -> re.Pattern[bytes]:
+        kind, key, _ = self.sources[j]
+        rx = pivot_regex(key[0], self._anchors[j])
+        self.sources[j] = (kind, key, rx)
+        return rx

@@ -30,11 +30,10 @@ from __future__ import annotations
 import mmap
 import re
 from collections import deque
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from dflashctl.analysis import lineprefix, signatures
 from dflashctl.analysis.anchorfind import AnchorFinder
-from dflashctl.analysis.grepfind import GrepFinder
 from dflashctl.analysis.logreport import LogReport
 from dflashctl.analysis.progress import parse_progress
 from dflashctl.analysis.progresslines import ProgressLines
@@ -54,6 +53,9 @@ from dflashctl.analysis.tracebacks import (
 )
 from dflashctl.analysis.workers import WorkerTracker, signal_kind
 from dflashctl.model import ProgressPoint, SignatureHit, ThreadState
+
+if TYPE_CHECKING:
+    from dflashctl.analysis.grepfind import GrepFinder  # a big mapped file's finder (rawlines.next_special)
 
 __all__ = [  # the public names, importable from here as before the split
     "HEADER_TTL", "KEEP_HITS_PER_ID", "KEEP_PROGRESS", "KEEP_TRACEBACKS", "MAX_CONTINUATION", "MAX_LINE",

@@ -151,7 +151,12 @@ def parse_progress(text: str, line: int, user: re.Pattern[str] | None = None) ->
             return ProgressPoint(line=line, values=got, kind="train")
     if not any(k in text for k in PROGRESS_TOKENS):
         return None
-    text = split(text).body  # `[2023-07-25 21:03:17,269] [INFO] [logging.py:96:log_dist] step=35 …`
+    # a `k=v k=v …` line has no prefix to take off (split would find none: every prefix starts with `[`, `(`, `>`, a
+    # digit, or a word followed by `:` or a space), so the thousand lines a one-shot status parses skip it
+    plain = _PLAIN_KV_LINE_RE.fullmatch(text) is not None
+    if not plain:
+        text = split(text).body  # `[2023-07-25 21:03:17,269] [INFO] [logging.py:96:log_dist] step=35 …`
+        plain = _PLAIN_KV_LINE_RE.fullmatch(text) is not None
     values: dict[str, float] = {}
     slash = "/" in text
     bar = _bar(text) if slash and "[" in text else None
@@ -165,7 +170,6 @@ def parse_progress(text: str, line: int, user: re.Pattern[str] | None = None) ->
         m = _OF_TOTAL_RE.search(text)
         if m and "step" not in values:
             values["step"], values["total"] = float(m.group(1)), float(m.group(2))
-    plain = _PLAIN_KV_LINE_RE.fullmatch(text) is not None
     for key, num in (_PLAIN_PAIR_RE if plain else _KV_RE).findall(text):
         k = key.lower()
         k = _KEY_ALIASES.get(k, k)
@@ -181,7 +185,8 @@ def parse_progress(text: str, line: int, user: re.Pattern[str] | None = None) ->
             values["step"] = values[alias]
     if "loss" not in values and not ("step" in values and len(values) > 1):
         return None
-    if "loss" in values and "loss_mean" not in values and _MEAN_LOSS_RE.search(text):
+    if "loss" in values and "loss_mean" not in values and ("ean" in text or "vg" in text or "verage" in text) \
+            and _MEAN_LOSS_RE.search(text):  # (what it cannot match without: mean, avg, average in either case)
         values["loss_mean"] = values["loss"]  # `Mean Training loss : nan`: a later step's finite loss does not heal it
     return ProgressPoint(line=line, values=values, kind="eval" if _EVAL_RE.match(text) else "train")
 

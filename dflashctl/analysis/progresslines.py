@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from dflashctl.analysis.tracebacks import Event
 
 _PROGRESS_TOKENS = tuple(t.encode() for t in PROGRESS_TOKENS)
+_WINDOW = 1 << 16  # bytes below a stretch's end first looked at for its latest progress lines (~1000 lines of ours)
 
 
 class ProgressLines:
@@ -48,15 +49,24 @@ class ProgressLines:
         loss followed by finite ones is history. Returns how many it found."""
         found = 0
         hi, line_no = stop, last_line  # hi: end of the region still to look at; line_no: its last line
-        # each token's latest occurrence; a token the stretch lacks is never looked for again
-        last_at = {t: a for t in _PROGRESS_TOKENS if (a := buf.rfind(t, start, hi)) >= 0}
-        while found < budget and last_at:
+        # each token's latest occurrence in [lo, hi), or -1: none starts there. The tokens are looked for above lo
+        # only, a floor that goes down (doubling the span) only once none is left above it: the latest `budget`
+        # lines are near the stretch's end, and a token the log never prints (most of them) then costs one pass
+        # over that much, not over the whole stretch (a one-shot status scans a 1 MiB tail)
+        lo = max(start, stop - _WINDOW)
+        last_at = {t: buf.rfind(t, lo, hi) for t in _PROGRESS_TOKENS}
+        while found < budget:
             for t, a in last_at.items():
                 if a >= hi:  # that occurrence is in a line already looked at: find the one before it
-                    last_at[t] = buf.rfind(t, start, hi)
+                    last_at[t] = buf.rfind(t, lo, hi)
             at = max(last_at.values())
-            if at < 0:
-                break
+            if at < 0:  # none starts in [lo, hi): each token's latest starts below lo (and ends by hi)
+                if lo <= start:
+                    break
+                lo, floor = max(start, lo - (stop - lo)), lo
+                for t in last_at:
+                    last_at[t] = buf.rfind(t, lo, min(hi, floor + len(t) - 1))
+                continue
             ls = buf.rfind(b"\n", start, at) + 1 or start
             le = buf.find(b"\n", at, hi)
             line_no -= buf.count(b"\n", le + 1, hi) if le >= 0 else 0
@@ -82,6 +92,7 @@ class ProgressLines:
     def _commit(self) -> None:
         """Progress found in this call goes in, in line order (the fast path finds it newest first)."""
         self._batch.sort(key=lambda pt: pt[0].line)
+        merge = bool(self._out)  # only progress (a healthy stretch): already in line order
         for p, text in self._batch:
             self.progress.append(p)
             self._out.append(p)
@@ -105,7 +116,8 @@ class ProgressLines:
                     self._zero_run = 0
                     self.last_nonzero_loss_line = p.line
         self._batch = []
-        self._out.sort(key=event_line)
+        if merge:
+            self._out.sort(key=event_line)
 
 
 def _evidence(p: ProgressPoint, text: str | None) -> str:

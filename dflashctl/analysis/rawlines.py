@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from dflashctl.analysis import grepfind, signatures
+from dflashctl.analysis import signatures
 from dflashctl.analysis.anchorfind import AnchorFinder
-from dflashctl.analysis.grepfind import GrepFinder
 from dflashctl.analysis.workers import ANCHORS as WORKER_ANCHORS
+
+if TYPE_CHECKING:
+    from dflashctl.analysis.grepfind import GrepFinder
 
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
@@ -34,22 +37,25 @@ SMALL = 1 << 14  # below this many bytes, choosing pivots costs more than the pl
 def next_special(buf: bytes, end: int, extra: re.Pattern[bytes] | None = None,
                  fd: int | None = None) -> AnchorFinder | NextSpecial | GrepFinder:
     """Where the special lines of buf[:end] are: each anchor by a pivot byte (anchorfind.py, several times faster
-    than SPECIAL_RE on a big buffer); `extra`, a user's progress regex, as one more source. A small feed (the
+    than special_re() on a big buffer); `extra`, a user's progress regex, as one more source. A small feed (the
     live watch's few new lines) takes the plain regex, which needs no choosing. A big mapped file (fd: the file
     buf maps from byte 0) goes to GNU grep, in parallel (grepfind.py), unless a user's regex must be searched too
     (grep's dialect is not Python's)."""
-    if fd is not None and extra is None and end >= grepfind.GREP_MIN:
-        finder = grepfind.start(fd, buf, end, ANCHORS)
-        if finder is not None:
-            return finder
+    if fd is not None and extra is None:  # grepfind (and shutil, subprocess) loaded only for a mapped file
+        from dflashctl.analysis import grepfind
+
+        if end >= grepfind.GREP_MIN:
+            finder = grepfind.start(fd, buf, end, ANCHORS)
+            if finder is not None:
+                return finder
     if end < SMALL:
-        return NextSpecial(buf, end, SPECIAL_RE if extra is None else _joined(extra))
+        return NextSpecial(buf, end, special_re() if extra is None else _joined(extra))
     return AnchorFinder.build(buf, end, ANCHORS, extra)
 
 
 @lru_cache(maxsize=16)
 def _joined(extra: re.Pattern[bytes]) -> re.Pattern[bytes]:
-    return re.compile(SPECIAL_RE.pattern + b"|" + extra.pattern)
+    return re.compile(special_re().pattern + b"|" + extra.pattern)
 
 
 def _trie(words: list[str]) -> str:
@@ -66,8 +72,11 @@ def _trie(words: list[str]) -> str:
     return f"(?:{body})?" if ends else body
 
 
-SPECIAL_RE = re.compile(  # the upper-case anchors (LogScanner adds a user's progress regex)
-    _trie(sorted({a for a in _ALL_ANCHORS if not a[:1].islower()})).encode())
+@lru_cache(maxsize=1)
+def special_re() -> re.Pattern[bytes]:
+    """The upper-case anchors as one regex (LogScanner adds a user's progress regex). Built on first use: only small
+    feeds take it, and a one-shot status (a new process, one 1 MiB tail: the pivot search) never does."""
+    return re.compile(_trie(sorted({a for a in _ALL_ANCHORS if not a[:1].islower()})).encode())
 
 
 class NextSpecial:

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dflashctl.analysis import anchorfind, logscan, rawlines
+from dflashctl.analysis import anchorfind, logscan, progresslines, rawlines
 from dflashctl.analysis.anchorfind import AnchorFinder, Source, choose_sources
 from dflashctl.analysis.health import active_hits
 from dflashctl.analysis.logscan import LogReport, LogScanner
-from dflashctl.analysis.rawlines import ANCHORS, SPECIAL_RE, NextSpecial
+from dflashctl.analysis.rawlines import ANCHORS, NextSpecial, special_re
 
 DATA = Path(__file__).parent / "data"
 LOGS = sorted(p for p in DATA.rglob("*") if p.is_file() and (p.suffix in (".log", ".txt")))
@@ -76,7 +76,7 @@ def small_windows(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_every_real_log_gives_the_lines_holding_an_anchor(path: Path) -> None:
     data = path.read_bytes()
     want = truth(data)
-    assert special_lines(data, lambda b, e: NextSpecial(b, e, SPECIAL_RE)) == want  # the reference agrees
+    assert special_lines(data, lambda b, e: NextSpecial(b, e, special_re())) == want  # the reference agrees
     assert special_lines(data, lambda b, e: AnchorFinder.build(b, e, ANCHORS)) == want
     for kind in ("memchr", "regex", "word"):
         assert special_lines(data, forced(kind)) == want, kind
@@ -201,6 +201,34 @@ def test_random_mixes_scan_the_same_with_tiny_windows(seed: int) -> None:
         same(whole, report_of(data, [rng.randint(1, 500) for _ in range(5)]), every_hit=False)
     finally:
         logscan.KEEP_PROGRESS = saved
+
+
+PROGRESS_PIECES = [b"step=%d loss=%.3f", b"iter %d: loss 2.1", b"Step %d/100 [00:01<00:02, 3.1it/s]", b"x" * 50,
+                   b"s", b"te", b"p=3", b"loss=nan", b"10/20 [00:01<00:02, 1.5s/it]", b"LOSS: 3",
+                   b"eval step=3 acc=1", b"finished", b"", b"ordinary"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(PROGRESS_PIECES), max_size=3), max_size=60),
+       st.sampled_from([1, 2, 3, 5, 8, 13, 40, 100, 1 << 16]), st.sampled_from([1, 2, 3, 7, 1024]), st.booleans())
+def test_the_latest_progress_lines_are_found_whatever_window_they_are_first_looked_for_in(
+        lines: list[list[bytes]], window: int, keep: int, glued: bool) -> None:
+    """The fast path looks for the progress tokens just below a stretch's end first and further down only when none
+    is left there: any window, any number of points kept, tokens cut by the window's floor, lines without a
+    newline at the end — the points of the line-by-line reference (its hits may differ with few points kept: a NaN
+    loss older than the kept points is never parsed, window or not)."""
+    text = [(b"" if glued else b" ").join(p % ((i,) * p.count(b"%")) if b"%" in p else p for p in parts)
+            for i, parts in enumerate(lines)]
+    data = b"\n".join(text)
+    saved = progresslines._WINDOW, logscan.KEEP_PROGRESS
+    progresslines._WINDOW, logscan.KEEP_PROGRESS = window, keep
+    try:
+        fast, ref = report_of(data, None), report_of(data, None, fast=False)
+    finally:
+        progresslines._WINDOW, logscan.KEEP_PROGRESS = saved
+    assert [(p.line, repr(p.values), p.kind) for p in fast.progress] == [
+        (p.line, repr(p.values), p.kind) for p in ref.progress]
+    assert (fast.end, fast.last_line_no) == (ref.end, ref.last_line_no)
 
 
 def _mapped_scan(path: Path, before: bytes = b"") -> LogReport:
