@@ -12,13 +12,15 @@ import base64
 import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dflashctl.agent.lib.flightrec import Behind, behind_from_record
 from dflashctl.agent.lib.frame import PROBE_VERSION
 from dflashctl.agent.lib.runmeta import RunMeta
 from dflashctl.errors import RemoteFailed
 from dflashctl.model import GpuReport, HostGpuProc, HostGpuReport, ProcRecord
+
+if TYPE_CHECKING:
+    from dflashctl.agent.lib.flightrec import Behind
 
 __all__ = ["DiskReport", "FlightRecorderReport", "LogChunk", "ProbeReport", "RankLayout", "RunMeta", "RunRecord",
            "check_version", "parse_flight_recorder", "parse_gpus", "parse_host_gpu", "parse_layout", "parse_proc",
@@ -215,8 +217,10 @@ class FlightRecorderReport:
 
 
 def parse_flight_recorder(doc: Mapping[str, Any]) -> FlightRecorderReport:
-    behind = []
-    for b in _list(doc.get("behind")):
+    behind, listed = [], _list(doc.get("behind"))
+    if listed:  # the recorder's reader (and pickle) loads only for a run whose dumps show someone behind
+        from dflashctl.agent.lib.flightrec import behind_from_record
+    for b in listed:
         try:
             behind.append(behind_from_record(b))
         except (TypeError, ValueError, KeyError, AttributeError):

@@ -15,11 +15,9 @@ from typing import Any
 
 from dflashctl.analysis import judging
 from dflashctl.analysis.events import read_events
-from dflashctl.analysis.stacks import processes_from_capture
 from dflashctl.analysis.watcher import CONTAINER_GONE, HOST_REPLACED, StatusView, Watcher, gone_text
 from dflashctl.commands import gpushare
 from dflashctl.commands.fanout import HOST_DEADLINE_S, fan_out
-from dflashctl.commands.waiting import next_attempt
 from dflashctl.errors import (
     ConnectFailed,
     ContainerNotRunning,
@@ -67,6 +65,8 @@ def with_events(view: StatusView, doc: ProbeReport) -> StatusView:
         view.events = [e.to_record() for e in read_events(doc.events_data)]
     cap = doc.stacks_capture
     if cap and isinstance(cap.get("doc"), dict):
+        from dflashctl.analysis.stacks import processes_from_capture  # only a run whose sentinel saved a capture
+
         view.stacks = {"path": cap.get("path"), "time": cap["doc"].get("time"), "reason": cap["doc"].get("reason"),
                        "processes": [p.to_record() for p in processes_from_capture(cap["doc"])]}
     return view
@@ -103,6 +103,8 @@ def watch(connect: Callable[[], Target], run: str | None = None, *, interval: fl
                         return
                     view = with_events(w.update(doc), doc)
                     if view.restart_pending:
+                        from dflashctl.commands.waiting import next_attempt
+
                         nxt = next_attempt(target, view.run)
                         if nxt is not None:
                             yield view
