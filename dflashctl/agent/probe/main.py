@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from dflashctl.agent.lib.frame import reply
 from dflashctl.agent.lib.runstate import list_runs, log_tail, resolve_run, run_ids, run_state
@@ -19,11 +20,13 @@ from dflashctl.agent.probe.flightdumps import flight_dumps
 from dflashctl.agent.probe.gpus import GpuReader, gpu_report
 from dflashctl.agent.probe.layouts import rank_layouts
 from dflashctl.agent.probe.logtail import read_log
-from dflashctl.agent.probe.logwait import LogWaiter
 from dflashctl.agent.probe.procs import host_gpu_procs, scan_procs
 from dflashctl.agent.probe.request import ProbeRequest
 from dflashctl.agent.probe.version import PROBE_VERSION
 from dflashctl.agent.probe.xid import xid_report
+
+if TYPE_CHECKING:
+    from dflashctl.agent.probe.logwait import LogWaiter  # --watch only (inotify, ctypes): loaded there
 
 CAPTURE_MAX = 1 << 20  # a saved stack capture larger than this is not sent with the status report
 EVENTS_MAX = 64 << 10  # of a run's events.jsonl (the sentinel's timeline: a few hundred bytes per event)
@@ -140,6 +143,12 @@ def _pause(waiter: LogWaiter | None, until: float) -> bool:
     return waiter.wait(until)
 
 
+def _waiter() -> LogWaiter:
+    from dflashctl.agent.probe.logwait import LogWaiter
+
+    return LogWaiter()
+
+
 def main(argv: list) -> int:
     try:
         args = ProbeRequest.from_argv(list(argv))
@@ -151,7 +160,7 @@ def main(argv: list) -> int:
         else args.interval
     series = []  # --watch --gpus: the GPU readings taken since the last report
     gpus = GpuReader() if args.watch and args.gpus else None  # one NVML init / smi field list for the whole watch
-    waiter = LogWaiter() if args.watch and args.workspace and args.run else None  # ends a wait on a crash
+    waiter = _waiter() if args.watch and args.workspace and args.run else None  # ends a wait on a crash
     try:
         while True:
             started = time.time()
