@@ -57,7 +57,7 @@ def with_bytecode(data: bytes, where: str) -> bytes:
         for info in zin.infolist():
             src = zin.read(info)
             zout.writestr(info, src)
-            if not info.filename.endswith(".py"):
+            if not info.filename.endswith(".py") or not hasattr(importlib.util, "source_hash"):  # < 3.7: no pycs
                 continue
             try:
                 code = compile(src, os.path.join(where, info.filename), "exec", dont_inherit=True)

@@ -112,6 +112,10 @@ def run(target: Target, verb: str, *args: str, stdin: bytes | None = None, timeo
     if missing(res):
         install(target, on_host, timeout)
         res = _run(target, cmd, stdin, timeout, on_host)
+        if missing(res):  # installed, yet the bootstrap will not run it: say so, not "printed no report"
+            where = "the Proxmox host" if on_host else target.host.name
+            raise RemoteFailed(f"dflashctl's agent on {where} was installed at {path(target, on_host)} but does not "
+                               "pass the bootstrap's check", hint="is something rewriting that folder?")
     return res
 
 
@@ -163,7 +167,7 @@ def parse_reply(line: str) -> dict | None:
         return None
     if frame.get("v") != PROTOCOL_VERSION:
         raise RemoteFailed(f"reply protocol version {frame.get('v')!r} does not match this CLI ({PROTOCOL_VERSION})",
-                          hint="the container programs are sent with every command; is an old dflashctl on PATH?")
+                          hint="the agent archive is named by its content; is an old dflashctl on PATH?")
     doc = frame.get("doc")
     return doc if isinstance(doc, dict) else None
 
