@@ -324,11 +324,11 @@ def _host(name: str, t: dict[str, Any], where: _Where) -> Host:
 def _progress_regex(name: str, t: dict[str, Any], where: _Where) -> str | None:
     """progress_regex = 'it (?P<step>\\d+)/(?P<total>\\d+) .* loss (?P<loss>[\\d.]+)': checked here, so a typo is an
     error that names the file and line, not progress silently never seen."""
-    from dflashctl.analysis.progress import ProgressRegexError, custom
-
     v = t.get("progress_regex")
     if v is None:
-        return None
+        return None  # (analysis/progress.py not loaded: a one-shot status asks before the judging code loads)
+    from dflashctl.analysis.progress import ProgressRegexError, custom
+
     if not isinstance(v, str):
         raise where.error(name, "progress_regex", f"must be a string (a regex), not {toml_type(v)}")
     try:
