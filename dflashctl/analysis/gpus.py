@@ -12,7 +12,6 @@ Accepted (the shapes people actually save and the probe actually returns):
 from __future__ import annotations
 
 import re
-from calendar import timegm
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from time import strptime
@@ -74,6 +73,8 @@ def _timestamp(value: str | None) -> float | None:
     v = na(value)
     if v is None:
         return None
+    from calendar import timegm  # (and datetime): only a CSV with a timestamp column, which the probe's has not
+
     base, _, frac = v.partition(".")
     for fmt in ("%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S"):
         try:
