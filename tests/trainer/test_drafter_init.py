@@ -14,7 +14,7 @@ def test_linear_weights_are_normal_0_02_biases_zero_norms_one():
     cfg.drafter.attention_bias = True
     torch.manual_seed(0)
     drafter = build_drafter(TinyTarget(cfg.target), cfg.drafter, len(cfg.layer_ids), "cpu")
-    weights = torch.cat([m.weight.reshape(-1) for m in drafter.modules() if isinstance(m, torch.nn.Linear)])
+    weights = torch.cat([m.weight.detach().reshape(-1) for m in drafter.modules() if isinstance(m, torch.nn.Linear)])
     assert weights.numel() > 50_000
     assert cfg.drafter.init_std == 0.02  # the default
     assert abs(float(weights.std()) - 0.02) < 0.02 * 0.02 and abs(float(weights.mean())) < 1e-3

@@ -108,7 +108,7 @@ def test_a_replica_dead_under_continue_takes_its_labels_out_of_the_divisor(tmp_p
     loss.backward()
     for survivor in (0, 2):
         torch.testing.assert_close(_grads(trainer.replicas[survivor]), _grads(start), rtol=RTOL, atol=ATOL)
-    assert trainer.progress.loss == pytest.approx(float(loss), rel=RTOL)
+    assert trainer.progress.loss == pytest.approx(loss.item(), rel=RTOL)
 
 
 def test_ddp_of_two_processes_gives_the_gradient_of_the_concatenated_global_batch(tmp_path):
