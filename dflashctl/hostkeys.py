@@ -25,9 +25,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dflashctl.analysis import watchspec as spec
 from dflashctl.errors import ConfigError, toml_type
 
+# every key of a [hosts.X] table host_keys reads: a table with none of them (most) loads no parser — a one-shot status
+# reads hosts.toml before it sends its request, and watchspec's records cost ~3 ms to define
+KEYS = ("sentinel", "sentinel_interval", "stall_window", "idle_limit", "stall_limit", "restart_backoff",
+        "on_worker_failure", "restart_on", "max_restarts", "notify")
 NOTIFY_KEYS = ("webhook", "slack", "ntfy", "command", "events", "min_gap")
 
 
@@ -62,6 +65,7 @@ def _seconds(bound: str) -> Callable[[Any], float]:
     `0.000001s` interval spun a core for the run's life)."""
     def parse(value: Any) -> float:
         from dflashctl import bounds
+        from dflashctl.analysis import watchspec as spec
 
         seconds = spec.parse_duration(value)
         why = bounds.problem(seconds, getattr(bounds, bound))
@@ -74,6 +78,10 @@ def _seconds(bound: str) -> Callable[[Any], float]:
 def host_keys(t: Mapping[str, Any]) -> dict[str, Any]:
     """model.Host's sentinel fields from one [hosts.X] table (only the keys present)."""
     out: dict[str, Any] = {}
+    if not any(k in t for k in KEYS):
+        return out
+    from dflashctl.analysis import watchspec as spec
+
     if "sentinel" in t:
         if type(t["sentinel"]) is not bool:
             raise KeyProblem("sentinel", f"must be true or false, not {toml_type(t['sentinel'])}")

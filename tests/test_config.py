@@ -334,3 +334,30 @@ def test_judge_settings_from_a_malformed_record_are_the_defaults() -> None:
                 {"stall_window_s": True}):
         assert JudgeSettings.from_record(bad) == JudgeSettings()
     assert JudgeSettings.from_record({"stall_window_s": 60, "progress_regex": "x"}) == JudgeSettings(60.0, "x")
+
+
+def test_host_keys_reads_no_key_outside_its_list() -> None:
+    """hostkeys.KEYS is what lets a table without sentinel keys skip the parsers: every key host_keys looks at must
+    be in it (one sentinel key present makes it look at all the others)."""
+    from collections.abc import Mapping
+
+    from dflashctl import hostkeys
+
+    class Asked(Mapping):
+        def __init__(self, d: dict[str, object]) -> None:
+            self.d, self.keys_asked = d, set()
+
+        def __getitem__(self, key: str) -> object:
+            self.keys_asked.add(key)
+            return self.d[key]
+
+        def __iter__(self):  # noqa: ANN204
+            return iter(self.d)
+
+        def __len__(self) -> int:
+            return len(self.d)
+
+    table = Asked({"sentinel": True})
+    assert hostkeys.host_keys(table) == {"sentinel": True}
+    assert table.keys_asked == set(hostkeys.KEYS)
+    assert hostkeys.host_keys({"name": "x", "workspace": "/w"}) == {}
