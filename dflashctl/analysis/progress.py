@@ -166,7 +166,7 @@ def parse_progress(text: str, line: int, user: re.Pattern[str] | None = None) ->
         m = _GRAD_NORM_RE.search(text)
         if m:
             values.setdefault("grad_norm", float(m.group(1)))
-    if slash and _DIGIT_SLASH_RE.search(text):
+    if slash and (_digit_slash_digit(text) if plain else _DIGIT_SLASH_RE.search(text)):
         m = _OF_TOTAL_RE.search(text)
         if m and "step" not in values:
             values["step"], values["total"] = float(m.group(1)), float(m.group(2))
@@ -189,6 +189,18 @@ def parse_progress(text: str, line: int, user: re.Pattern[str] | None = None) ->
             and _MEAN_LOSS_RE.search(text):  # (what it cannot match without: mean, avg, average in either case)
         values["loss_mean"] = values["loss"]  # `Mean Training loss : nan`: a later step's finite loss does not heal it
     return ProgressPoint(line=line, values=values, kind="eval" if _EVAL_RE.match(text) else "train")
+
+
+def _digit_slash_digit(text: str) -> bool:
+    """_DIGIT_SLASH_RE's answer for a `k=v k=v …` line, without its regex (a one-shot status parses a thousand such
+    lines, `tok/s=` in each): a `/` there is inside a key, so no space is beside it and `\\d\\s*/\\s*\\d` is a digit, a
+    slash, a digit (`\\d` is what str.isdecimal says)."""
+    i = text.find("/", 1)
+    while 0 < i < len(text) - 1:
+        if text[i - 1].isdecimal() and text[i + 1].isdecimal():
+            return True
+        i = text.find("/", i + 1)
+    return False
 
 
 _STEP_FIRST = re.compile(r"\s*(?:step|iter)\b", re.IGNORECASE)

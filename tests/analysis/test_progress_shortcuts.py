@@ -5,7 +5,7 @@ just miss each shortcut's condition (spaces, slashes, brackets, quotes, colons, 
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dflashctl.analysis import progress as P
@@ -98,3 +98,13 @@ def test_the_shortcuts_are_taken_for_the_trainers_own_line_and_not_for_a_spaced_
 def test_a_plain_line_has_no_prefix_to_take_off(text: str) -> None:
     """Why parse_progress may skip lineprefix.split for a `k=v k=v …` line: split would leave it as it is."""
     assert split(text).body == text and split(text).rank is None
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.from_regex(P._PLAIN_KV_LINE_RE, fullmatch=True))
+@example("a1/2b=3 tok/s=1.5").via("a key holding digit/digit")
+@example("tok/s=1834.2 x/1=2 y1/=3").via("slashes beside one digit only")
+@example("k\u0663/\u0664=1").via("digits of another script")
+@example("k\u00b2/\u00b3=1").via("superscripts: digits to isdigit, not decimals")
+def test_a_plain_lines_digit_slash_test_answers_as_the_regex(text: str) -> None:
+    assert P._digit_slash_digit(text) == (P._DIGIT_SLASH_RE.search(text) is not None)
