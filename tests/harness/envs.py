@@ -298,11 +298,13 @@ class PveEnv(_HostEnv):
         (self.sshd.pct_state / "kmsg").write_text("".join(f"{ln}\n" for ln in lines))
 
     def close(self) -> None:
-        """Stop the container and destroy it (its rootfs and LXC config); the conf goes too."""
-        if self.container_running():
-            self.stop_container()
+        """Stop the container and destroy it (its rootfs and LXC config); the conf goes too. With real LXC
+        destroy_container's `lxc-stop --kill` is the stop (what `pct stop` runs): no `pct status` / `pct stop` round
+        of bash + lxc-info before it."""
         if self.sshd.lxcpath is not None:
             destroy_container(self.sshd.lxcpath, str(self.ctid))
+        elif self.container_running():
+            self.stop_container()
         self.conf.unlink(missing_ok=True)
         self.conf.with_suffix(".keep-env-default").unlink(missing_ok=True)
         (self.sshd.pct_state / "kmsg").unlink(missing_ok=True)

@@ -112,8 +112,8 @@ def reap_leftover_containers(root: Path = LXC_ROOT) -> list[str]:
             owner_start = alive  # being set up right now by a live session (or a dead one's pid, reused)
         if alive is not None and alive == owner_start:
             continue  # its session still runs
-        for lxcpath in sorted(p for p in owned.iterdir() if p.is_dir()):
-            for ct in sorted(p for p in lxcpath.iterdir() if (p / "config").is_file()):
+        for lxcpath in _subdirs(owned):
+            for ct in sorted(p for p in _subdirs(lxcpath) if (p / "config").is_file()):
                 destroy_container(lxcpath, ct.name)
                 removed.append(f"{lxcpath}/{ct.name}")
         shutil.rmtree(owned, ignore_errors=True)
@@ -123,6 +123,15 @@ def reap_leftover_containers(root: Path = LXC_ROOT) -> list[str]:
             destroy_container(Path(lxcpath), name)
             removed.append(f"{lxcpath}/{name}")
     return removed
+
+
+def _subdirs(path: Path) -> list[Path]:
+    """path's directories, sorted; none once it is gone: a session that just ended removes its own lxcpath (stop())
+    while another one's reap is looking at it (two pytest runs on one machine)."""
+    try:
+        return sorted(p for p in path.iterdir() if p.is_dir())
+    except FileNotFoundError:
+        return []
 
 
 def _lxc_monitors(root: Path) -> list[tuple[str, str]]:
