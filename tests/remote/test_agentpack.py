@@ -89,7 +89,7 @@ def test_the_archive_is_the_same_bytes_when_built_again_in_another_interpreter()
 
 def test_a_command_reads_the_archive_built_once_and_a_damaged_entry_is_built_again(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    agentpack.archive.cache_clear()
+    agentpack.archive.cache_clear()  # (sha256() keeps its value: the same sources give the same bytes)
     try:
         first = agentpack.archive()
         (entry,) = (tmp_path / "dflashctl" / "agentpack").glob("*.pyz")
@@ -98,8 +98,10 @@ def test_a_command_reads_the_archive_built_once_and_a_damaged_entry_is_built_aga
         agentpack.archive.cache_clear()
         entry.write_bytes(entry.read_bytes()[:-10])
         assert agentpack.archive() == first == agentpack.build() and entry.read_bytes()[64:] == first
+        assert hashlib.sha256(first).hexdigest() == agentpack.sha256()
     finally:
         agentpack.archive.cache_clear()
+        agentpack.sha256.cache_clear()
 
 
 def install(folder: Path, data: bytes | None = None, sha: str | None = None) -> subprocess.CompletedProcess:
