@@ -16,9 +16,11 @@ import hashlib
 import os
 import stat
 import sys
+import time
 
 TAG = b"dflash-agent "  # the trailer the bootstrap checks (remote/agentpack.py BOOT)
 REFUSED = 3
+KEEP = 3  # archives kept beside the new one: each CLI version leaves ~1 MB; an older CLI still in use reinstalls
 
 
 def say(line: str) -> None:
@@ -101,8 +103,28 @@ def install(folder: str, sha: str, data: bytes) -> int:
             os.unlink(tmp)
         say(f"refused: cannot write {path}: {getattr(e, 'strerror', None) or e}")
         return REFUSED
+    prune(folder, path)
     say("ok " + path)
     return 0
+
+
+def prune(folder: str, keep_path: str) -> None:
+    """Remove all but the KEEP newest other archives, and temporary files an interrupted install left (an hour old:
+    a younger one may be a racing install's). A run never needs these: it runs from its own copy (`<run>/agent.pyz`)."""
+    archives = []
+    for name in os.listdir(folder):
+        full = os.path.join(folder, name)
+        with contextlib.suppress(OSError):
+            st = os.lstat(full)
+            if full == keep_path or not stat.S_ISREG(st.st_mode):
+                continue
+            if ".pyz.tmp-" in name and st.st_mtime < time.time() - 3600:
+                os.unlink(full)
+            elif name.endswith(".pyz"):
+                archives.append((st.st_mtime, full))
+    for _, full in sorted(archives, reverse=True)[KEEP:]:
+        with contextlib.suppress(OSError):
+            os.unlink(full)
 
 
 if __name__ == "__main__":

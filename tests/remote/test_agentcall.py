@@ -76,6 +76,32 @@ def test_an_archive_of_another_version_beside_it_does_not_matter(local_host) -> 
         assert seen.installs == 1 and other.read_bytes() == b"an older dflashctl's archive"
 
 
+def test_an_install_keeps_only_the_newest_older_archives_and_clears_interrupted_ones(local_host) -> None:
+    from dflashctl.agent.agentinstall import KEEP
+
+    folder = Path(local_host.host.workspace) / ".agent"
+    folder.mkdir(mode=0o700, parents=True)
+    os.chmod(folder, 0o700)
+    olds = []
+    for i in range(KEEP + 2):  # oldest first
+        old = folder / f"{i:064d}.pyz"
+        old.write_bytes(b"an older dflashctl's archive")
+        os.utime(old, (1_000_000 + i, 1_000_000 + i))
+        olds.append(old)
+    torn = folder / f"{'f' * 64}.pyz.tmp-12345"
+    torn.write_bytes(b"half of an install")
+    os.utime(torn, (1_000_000, 1_000_000))
+    racing = folder / f"{'e' * 64}.pyz.tmp-12346"  # another install's, being written now
+    racing.write_bytes(b"another install in flight")
+    mine = folder / "notes.txt"  # not ours to remove
+    mine.write_text("kept")
+    with local_host.connect() as target:
+        check_doc(target)
+        assert Path(agentcall.path(target)).is_file()
+    assert [p.exists() for p in olds] == [False] * 2 + [True] * KEEP
+    assert not torn.exists() and racing.exists() and mine.read_text() == "kept"
+
+
 @pytest.mark.parametrize("make", ["symlink", "group-writable", "foreign"])
 def test_an_agent_folder_that_is_not_ours_alone_is_refused_in_one_line(local_host, tmp_path, make) -> None:
     folder = Path(local_host.host.workspace) / ".agent"
