@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import shutil
 import sys
@@ -90,10 +91,30 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that use the real sshd carry the `sshd` marker (select with -m sshd)."""
+    """Tests that use the real sshd carry the `sshd` marker (select with -m sshd); tests marked `slow` start early
+    (_slow_early)."""
     for item in items:
         if SSHD_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.sshd)
+    items[:] = _slow_early(items)
+
+
+def _slow_early(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The same items with the `slow` ones spread evenly over the first quarter (each group keeps its order).
+    xdist's default scheduler deals the first quarter of the collection out at once, one consecutive block per worker,
+    and the rest in collection order: a minute-long end-to-end flow collected near the end (tests/status, tests/cluster)
+    started last and the run waited on it alone, while all of them at the front would land in one worker's block."""
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if not slow:
+        return items
+    fast = iter([item for item in items if item.get_closest_marker("slow") is None])
+    step = max(len(items) // 4, len(slow)) / len(slow)
+    out: list[pytest.Item] = []
+    for i, item in enumerate(slow):
+        out.extend(itertools.islice(fast, max(0, round(i * step) - len(out))))
+        out.append(item)
+    out.extend(fast)
+    return out
 
 
 @contextlib.contextmanager
