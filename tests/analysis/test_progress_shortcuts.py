@@ -5,6 +5,7 @@ just miss each shortcut's condition (spaces, slashes, brackets, quotes, colons, 
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -76,6 +77,7 @@ def lines(draw: st.DrawFn) -> str:
     return extra + text if where == "start" else text + extra
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None)
 @given(lines())
 def test_the_shortcut_parse_equals_the_full_parse(text: str) -> None:
@@ -93,6 +95,7 @@ def test_the_shortcuts_are_taken_for_the_trainers_own_line_and_not_for_a_spaced_
     assert P.parse_progress(spaced, 1).values == {"loss": 2.0, "step": 5.0}
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(st.from_regex(P._PLAIN_KV_LINE_RE, fullmatch=True))
 def test_a_plain_line_has_no_prefix_to_take_off(text: str) -> None:

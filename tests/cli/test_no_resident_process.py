@@ -13,6 +13,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
 from harness.envs import LocalEnv, PveEnv
 from harness.poll import wait_until
 
@@ -43,6 +44,7 @@ def run(tag: str, *argv: str, ok: tuple[int, ...] = (0,)) -> subprocess.Complete
     return res
 
 
+@pytest.mark.slow
 def test_no_process_of_ours_outlives_a_command_on_the_local_host(local_host: LocalEnv, tmp_path: Path):
     tag = uuid.uuid4().hex
     source = tmp_path / "src"
@@ -59,6 +61,7 @@ def test_no_process_of_ours_outlives_a_command_on_the_local_host(local_host: Loc
     assert left_behind(tag) == []
 
 
+@pytest.mark.slow
 def test_over_ssh_only_the_connection_master_stays_and_disconnect_ends_it(pve: PveEnv, fresh_masters: Path):
     tag = uuid.uuid4().hex
     run(tag, "status", "--json", ok=(102,))

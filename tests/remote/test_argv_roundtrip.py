@@ -69,6 +69,7 @@ def pct_host(sshd_server: SshdServer, tmp_path_factory: pytest.TempPathFactory,
         env.close()
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(argv=ARGV, stdin=STDIN)
 def test_argv_and_stdin_arrive_byte_exact_through_local(argv: list[str], stdin: bytes | None) -> None:

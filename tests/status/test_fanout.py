@@ -60,6 +60,7 @@ def test_a_failing_call_is_raised_in_the_callers_thread() -> None:
 HANGS = "#!/bin/sh\nexec sleep 600\n"  # a host's python that never answers
 
 
+@pytest.mark.slow
 def test_status_all_and_hosts_check_give_a_hung_host_its_row_and_the_healthy_one_its_status(local_host,
                                                                                              tmp_path: Path) -> None:
     hung_python = tmp_path / "hung-python"
