@@ -5,10 +5,11 @@ many GPUs it lists, the workspace is writable, free disk, py-spy is there and ca
 when it cannot), and on a container host the two things LXC adds: the container's /dev/nvidia* nodes against the
 host's device majors and the device cgroup rules of /etc/pve/lxc/<CTID>.conf (`devices`), and the container's
 user-space driver against the host's kernel module (`driver`).
-Everything after "connect" and "container" is gathered by one stdlib program sent on stdin
-(dflashctl/agent/check.py: one round trip per host), plus, on a container host, one on the Proxmox host itself
-(dflashctl/agent/hostcheck.py). Hosts are checked concurrently: a dead host costs its connect
-timeout once, not once per host.
+Everything after "connect" and "container" is gathered by one verb of the agent archive (`check`,
+dflashctl/agent/check.py: one call per host once the archive is installed; where the workspace refuses the install it
+runs from a private temporary one, so the workspace row names the problem), plus, on a container host, one on the
+Proxmox host itself (`hostcheck`, dflashctl/agent/hostcheck.py). Hosts are checked concurrently: a dead host costs
+its connect timeout once, not once per host.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def check_host(host: Host, *, timeout: float = 60.0) -> HostReport:
             except DflashError as e:
                 return _stop(report, "container", e)
         try:
-            res = agentcall.run(target, "check", host.workspace, timeout=timeout)
+            # private_fallback: a workspace the archive cannot be installed in is this check's finding, not its end
+            res = agentcall.run(target, "check", host.workspace, timeout=timeout, private_fallback=True)
             info = _parse(res.out)
         except DflashError as e:
             return _stop(report, "python", e)

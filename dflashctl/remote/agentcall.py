@@ -89,33 +89,59 @@ def missing(res: Result) -> bool:
     return res.exit_code == MISSING_EXIT and MISSING.encode() in res.stdout
 
 
-def install(target: Target, on_host: bool = False, timeout: float | None = 120) -> None:
-    """Send the archive to the installer (agent/agentinstall.py); RemoteFailed in one line when it refused."""
-    where = "the Proxmox host" if on_host else target.host.name
-    res = _run(target, [python(target, on_host), "-c", installer_source(), folder(target, on_host),
-                        agentpack.sha256()], agentpack.archive(), timeout, on_host)
+def _where(target: Target, on_host: bool) -> str:
+    return "the Proxmox host" if on_host else target.host.name
+
+
+def _no_python_hint(target: Target, on_host: bool) -> str:
+    """The hint for exit 127: the interpreter is not there."""
+    return f"is `{python(target, on_host)}` installed there? set `python` for {target.host.name} in hosts.toml"
+
+
+def _refused(target: Target, on_host: bool, res: Result) -> RemoteFailed | None:
+    """None when the installer said ok; else its refusal as one line."""
     said = [ln for ln in res.out.splitlines() if ln.startswith("DFLASH-AGENT-INSTALL ")]
     if res.exit_code == 0 and said and said[-1].split()[1] == "ok":
-        return
+        return None
     why = said[-1].split(" ", 1)[1] if said else f"exit {res.exit_code}: {res.tail() or 'no output'}"
-    hint = f"is `{python(target, on_host)}` installed there? set `python` for {target.host.name} in hosts.toml" \
-        if res.exit_code == 127 else f"remove or fix {folder(target, on_host)} on {where} (it must be a directory " \
-                                     "of the user dflashctl runs as, writable by nobody else)"
-    raise RemoteFailed(f"installing dflashctl's agent on {where}: {why}", hint=hint)
+    hint = _no_python_hint(target, on_host) if res.exit_code == 127 else \
+        f"remove or fix {folder(target, on_host)} on {_where(target, on_host)} (it and every folder above it must " \
+        "belong to the user dflashctl runs as or root, writable by nobody else)"
+    return RemoteFailed(f"installing dflashctl's agent on {_where(target, on_host)}: {why}", hint=hint)
+
+
+def install(target: Target, on_host: bool = False, timeout: float | None = 120) -> None:
+    """Send the archive to the installer (agent/agentinstall.py); RemoteFailed in one line when it refused."""
+    res = _run(target, [python(target, on_host), "-c", installer_source(), folder(target, on_host),
+                        agentpack.sha256()], agentpack.archive(), timeout, on_host)
+    error = _refused(target, on_host, res)
+    if error is not None:
+        raise error
+
+
+def _not_run_after_install(target: Target, on_host: bool) -> RemoteFailed:
+    return RemoteFailed(f"dflashctl's agent on {_where(target, on_host)} was installed at {path(target, on_host)} "
+                        "but does not pass the bootstrap's check", hint="is something rewriting that folder?")
 
 
 def run(target: Target, verb: str, *args: str, stdin: bytes | None = None, timeout: float | None = 120,
-        on_host: bool = False) -> Result:
-    """One call of verb; the archive installed first when the target lacks it (then the call is made again)."""
+        on_host: bool = False, private_fallback: bool = False) -> Result:
+    """One call of verb; the archive installed first when the target lacks it (then the call is made again).
+    private_fallback (an argv verb): where the install is refused, run it once from a temporary install that is
+    removed after it (agentinstall --private), so `hosts check` still reports a workspace it cannot use."""
     cmd = argv(target, verb, *args, on_host=on_host)
     res = _run(target, cmd, stdin, timeout, on_host)
     if missing(res):
-        install(target, on_host, timeout)
+        try:
+            install(target, on_host, timeout)
+        except RemoteFailed:
+            if not private_fallback:
+                raise
+            return _run(target, [python(target, on_host), "-c", installer_source(), "--private", agentpack.sha256(),
+                                 verb, *args], agentpack.archive(), timeout, on_host)
         res = _run(target, cmd, stdin, timeout, on_host)
         if missing(res):  # installed, yet the bootstrap will not run it: say so, not "printed no report"
-            where = "the Proxmox host" if on_host else target.host.name
-            raise RemoteFailed(f"dflashctl's agent on {where} was installed at {path(target, on_host)} but does not "
-                               "pass the bootstrap's check", hint="is something rewriting that folder?")
+            raise _not_run_after_install(target, on_host)
     return res
 
 
@@ -127,7 +153,9 @@ def stream(target: Target, verb: str, *args: str, on_host: bool = False) -> Iter
         lines = target.transport.stream(cmd) if on_host else target.stream(cmd)
         try:
             for line in lines:
-                if line.strip() == MISSING.encode() and attempt == 1:
+                if line.strip() == MISSING.encode():
+                    if attempt == 2:
+                        raise _not_run_after_install(target, on_host)
                     break
                 yield line
             else:
@@ -146,9 +174,7 @@ def call(target: Target, verb: str, spec: dict, *, data: bytes = b"", timeout: f
     docs = parse_replies(res.out)
     if docs:
         return docs[-1]
-    hint = None
-    if res.exit_code == 127:
-        hint = f"is `{target.host.python}` installed in the target? set `python` for {target.host.name} in hosts.toml"
+    hint = _no_python_hint(target, False) if res.exit_code == 127 else None
     raise DflashError(f"{verb} on {target.host.name} gave no result (exit {res.exit_code}): "
                       f"{res.tail() or 'no output'}", hint=hint, exit_code=ExitCode.CRASHED)
 

@@ -145,3 +145,33 @@ def test_a_watch_started_where_the_archive_is_missing_installs_it_and_streams(lo
         finally:
             lines.close()
         assert len(docs) == 2 and docs[0]["probe_version"] and seen.installs == 1
+
+
+@pytest.mark.parametrize("make", ["under-a-file", "unwritable"])
+def test_hosts_check_runs_every_check_and_names_a_workspace_the_archive_cannot_be_installed_in(
+        local_host, make, tmp_path, monkeypatch) -> None:
+    from dataclasses import replace
+
+    from dflashctl.commands.hosts import check_host
+
+    base = Path(local_host.host.workspace)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    if make == "under-a-file":
+        blocker = base.parent / "a-file"
+        blocker.write_text("a file, not a folder")
+        host = replace(local_host.host, workspace=str(blocker / "ws"))
+    else:
+        base.mkdir(exist_ok=True)
+        (base / ".agent").write_text("in the way")  # the install cannot make its folder; root ignores modes
+        host = replace(local_host.host, workspace=str(base))
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private_tmp))  # where the private install goes (the target inherits it)
+    report = check_host(host, timeout=120)
+    checks = {c.name: c for c in report.checks}
+    assert checks["python"].status == "ok", checks["python"].detail
+    assert checks["workspace"].status == "fail" if make == "under-a-file" else checks["workspace"].status == "ok"
+    if make == "under-a-file":
+        assert "not writable" in checks["workspace"].detail
+    assert all(c.status != "skip" or c.name in ("container", "devices", "driver") for c in report.checks)
+    assert not list(private_tmp.iterdir())  # the private install is gone
