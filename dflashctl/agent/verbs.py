@@ -13,22 +13,23 @@ import json
 import sys
 
 USAGE = 2
-# verb -> (module below dflashctl.agent, function, "argv" | "spec" | "archive": the spec and this archive's path)
+# verb -> (module below dflashctl, function, "argv" | "spec" | "archive": the spec and this archive's path)
 VERBS = {
-    "probe": ("probe.main", "main", "argv"),
-    "hostpair": ("hostpair", "main", "argv"),
-    "hostgpus": ("probe.hostgpus", "main", "argv"),
-    "hostcheck": ("hostcheck", "main", "argv"),
-    "check": ("check", "main", "argv"),
-    "supervise": ("launcher", "supervise_main", "argv"),
-    "launch": ("launcher", "launch", "archive"),
-    "adopt": ("lib.adoption", "adopt", "spec"),
-    "stop": ("reaper", "stop", "spec"),
-    "kill": ("reaper", "kill", "spec"),
-    "mark": ("reaper", "mark", "spec"),
-    "stacks": ("stacks", "main", "spec"),
-    "code-state": ("codetree", "state", "spec"),
-    "code-install": ("codetree", "install", "spec"),
+    "probe": ("agent.probe.main", "main", "argv"),
+    "hostpair": ("agent.hostpair", "main", "argv"),
+    "hostgpus": ("agent.probe.hostgpus", "main", "argv"),
+    "hostcheck": ("agent.hostcheck", "main", "argv"),
+    "check": ("agent.check", "main", "argv"),
+    "supervise": ("agent.launcher", "supervise_main", "argv"),
+    "launch": ("agent.launcher", "launch", "archive"),
+    "adopt": ("agent.lib.adoption", "adopt", "spec"),
+    "stop": ("agent.reaper", "stop", "spec"),
+    "kill": ("agent.reaper", "kill", "spec"),
+    "mark": ("agent.reaper", "mark", "spec"),
+    "stacks": ("agent.stacks", "main", "spec"),
+    "code-state": ("agent.codetree", "state", "spec"),
+    "code-install": ("agent.codetree", "install", "spec"),
+    "sentinel": ("sentinel.main", "main", "argv"),
 }
 
 
@@ -47,7 +48,7 @@ def main(argv: list, archive: str) -> int:
         sys.stderr.write("usage: python3 AGENT.pyz {{{}}} [ARGS]\n".format(",".join(sorted(VERBS))))
         return USAGE
     module, function, shape = VERBS[argv[0]]
-    entry = getattr(importlib.import_module("dflashctl.agent." + module), function)
+    entry = getattr(importlib.import_module("dflashctl." + module), function)
     if shape == "argv":
         return entry(argv[1:])
     try:

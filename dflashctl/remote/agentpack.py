@@ -1,12 +1,12 @@
 """The agent archive: every container program in one content-hashed zip application, built here in memory.
 
-`python3 <archive> VERB [ARGS]` runs one program (agent/verbs.py says which). Its contents are computed, not listed:
-the modules agent/verbs.py's table names, the sentinel (sentinel/main.py, which judges a run with the very engine
-`status` runs), and everything they import from dflashctl, followed through every import statement (lazy ones too)
-with the packages' `__init__.py` above them. The zip is byte-identical for identical sources (fixed timestamps, sorted
-names), so its sha256 names it: the path it is installed at, what meta.json records of a run's engine, and what
-tells a container that already holds it from one that does not (remote/agentcall.py). Built once per version of the
-sources on this machine and kept (archive(): keyed by the sources' sizes and mtimes).
+`python3 <archive> VERB [ARGS]` runs one program (agent/verbs.py says which). Its contents are computed, not listed: the
+modules agent/verbs.py's table names (the sentinel among them: sentinel/main.py, which judges a run with the very engine
+`status` runs), and everything they import from dflashctl, followed through every import statement (lazy ones too) with
+the packages' `__init__.py` above them. The zip is byte-identical for identical sources (fixed timestamps, sorted
+names), so its sha256 names it: the path it is installed at, what meta.json records of a run's engine, and what tells a
+container that already holds it from one that does not (remote/agentcall.py). Built once per version of the sources on
+this machine and kept (archive(): keyed by the sources' sizes and mtimes).
 """
 
 from __future__ import annotations
@@ -23,13 +23,9 @@ import dflashctl
 from dflashctl.agent.verbs import VERBS
 
 PACKAGE_DIR = Path(dflashctl.__file__).parent
-ROOTS = ("dflashctl.sentinel.main", "dflashctl.agent.verbs",
-         *sorted({f"dflashctl.agent.{module}" for module, _, _ in VERBS.values()}))
+ROOTS = ("dflashctl.agent.verbs", *sorted({f"dflashctl.{module}" for module, _, _ in VERBS.values()}))
 MAIN = """import sys
 
-if sys.argv[1:2] == ["sentinel"]:
-    from dflashctl.sentinel.main import main
-    sys.exit(main(sys.argv[2:]))
 from dflashctl.agent.verbs import main
 
 sys.exit(main(sys.argv[1:], sys.argv[0]))
@@ -113,13 +109,18 @@ def build() -> bytes:
 
 
 def signature() -> str:
-    """The identity of this installation's sources: every module's path, size and mtime (stat only, ~2 ms)."""
+    """The identity of this installation's sources: every module's path, size and mtime (stat only, ~2 ms). Dot-names
+    (an editor's `.#launcher.py` lock, a dangling symlink) are no modules; a file that cannot be read counts as such
+    (the build then names what is missing), never a traceback in every command."""
     h = hashlib.sha256()
     for top, dirs, names in os.walk(PACKAGE_DIR):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(n for n in names if n.endswith(".py")):
-            st = os.stat(os.path.join(top, name))
-            h.update(f"{os.path.join(top, name)} {st.st_size} {st.st_mtime_ns}\n".encode())
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+        for name in sorted(n for n in names if n.endswith(".py") and not n.startswith(".")):
+            try:
+                st = os.stat(os.path.join(top, name))
+                h.update(f"{os.path.join(top, name)} {st.st_size} {st.st_mtime_ns}\n".encode())
+            except OSError:
+                h.update(f"{os.path.join(top, name)} unreadable\n".encode())
     return h.hexdigest()
 
 

@@ -178,3 +178,24 @@ def test_a_spec_verb_reads_its_spec_from_the_first_line_of_stdin_and_refuses_a_b
     assert usage.returncode == 2 and b"usage: python3 AGENT.pyz" in usage.stderr
     sentinel = subprocess.run([sys.executable, "-I", "-S", str(path), "sentinel"], capture_output=True, timeout=60)
     assert sentinel.returncode == 2 and b"usage: python3 agent.pyz sentinel RUN_DIR" in sentinel.stderr
+
+
+def test_an_editor_lock_file_or_a_dangling_module_symlink_in_the_package_changes_nothing(tmp_path, monkeypatch) -> None:
+    package = tmp_path / "dflashctl"
+    (package / "agent").mkdir(parents=True)
+    (package / "agent" / "launcher.py").write_text("x = 1\n")
+    monkeypatch.setattr(agentpack, "PACKAGE_DIR", package)
+    clean = agentpack.signature()
+    (package / "agent" / ".#launcher.py").symlink_to("user@host.1234:1700000000")  # emacs' lock: dangling
+    (package / ".hidden").mkdir()
+    (package / ".hidden" / "x.py").write_text("")
+    assert agentpack.signature() == clean
+    (package / "agent" / "gone.py").symlink_to(tmp_path / "nowhere.py")
+    assert agentpack.signature() != clean  # a dangling module is noticed (the build names it), not a traceback
+
+
+def test_every_verb_the_archive_answers_is_in_the_one_table_and_its_main_dispatches_nothing_else() -> None:
+    from dflashctl.agent.verbs import VERBS
+
+    assert "sentinel" in VERBS and "sentinel" not in agentpack.MAIN
+    assert set(agentpack.ROOTS) == {"dflashctl.agent.verbs", *(f"dflashctl.{m}" for m, _, _ in VERBS.values())}
