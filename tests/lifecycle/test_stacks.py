@@ -295,3 +295,25 @@ def test_a_refused_py_spy_and_no_dump_signal_is_exit_2_with_the_ptrace_hint(loca
                             "py-spy: Permission Denied")
     assert "kernel.yama.ptrace_scope" in hint and alive(pid)
     assert cli("stop").code == 103
+
+
+@pytest.mark.parametrize("shape", ["agent.pyz", "sentinel.pyz"])
+def test_a_runs_sentinel_is_recognised_in_both_shapes_of_its_command_line(tmp_path: Path, shape: str) -> None:
+    """A run started before the agent archive runs `python3 <run>/sentinel.pyz <run>`; one after, `python3
+    <run>/agent.pyz sentinel <run>`: stacks names either the sentinel, read from the live process's /proc cmdline."""
+    import zipfile
+
+    from dflashctl.agent.stacks import _role
+
+    program = tmp_path / shape
+    with zipfile.ZipFile(program, "w") as z:
+        z.writestr("__main__.py", "import sys\nsys.stdin.read()\n")
+    args = [str(program), "sentinel", str(tmp_path)] if shape == "agent.pyz" else [str(program), str(tmp_path)]
+    proc = subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE)
+    try:
+        argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+        assert argv[1:] == args
+        assert _role(proc.pid, argv, None, None) == "sentinel"
+        assert _role(proc.pid, [sys.executable, str(tmp_path / "train.py")], None, None) == "child"
+    finally:
+        proc.communicate(b"")

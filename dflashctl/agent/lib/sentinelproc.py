@@ -34,8 +34,10 @@ def unreachable(targets: list) -> str | None:
 
 
 def is_sentinel(argv: list) -> bool:
-    """Whether a process's argv is a run's sentinel (`python3 <run>/agent.pyz sentinel <run>`)."""
-    return any(str(a).endswith(AGENT_FILE) and argv[i + 1:i + 2] == ["sentinel"] for i, a in enumerate(argv))
+    """Whether a process's argv is a run's sentinel (`python3 <run>/agent.pyz sentinel <run>`, or for a run started
+    by a CLI before the agent archive, `python3 <run>/sentinel.pyz <run>`: such a run may still be going)."""
+    return any(str(a).endswith(AGENT_FILE) and argv[i + 1:i + 2] == ["sentinel"] or str(a).endswith("/sentinel.pyz")
+               for i, a in enumerate(argv))
 
 
 def start_sentinel(run_dir: str, watched: bool, say) -> subprocess.Popen | None:  # noqa: ANN001 - say: a log line
