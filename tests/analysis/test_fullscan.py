@@ -149,6 +149,8 @@ def test_one_big_buffer_equals_chunked_feeds_and_the_line_by_line_reference(path
     for cuts in ([1 << 20], [4096], [97, 13, 1000], [1]):
         if cuts == [1] and len(data) > 3000:
             continue  # byte by byte: the small logs carry that case
+        if len(cuts) == 1 and 0 < len(data) <= cuts[0]:
+            continue  # one chunk holding the whole log is the very feed(data) call of `whole`: nothing to compare
         same(whole, report_of(data, cuts))
     same(whole, report_of(data, None, fast=False))
 
