@@ -63,9 +63,14 @@ def choose_sources(anchors: tuple[bytes, ...], counts: Counter[int] | dict[int, 
     first, so that nearby samples share one (cached) answer: an incremental feed does not pay for the choice."""
     n = max(n, 1)
     shift = max(0, n.bit_length() - 16)  # rates as counts per 64 Ki bytes, rounded to a power of two
-    alphabet = sorted({b for a in anchors for b in a})
-    rates = tuple((b, (1 << ((counts.get(b, 0) >> shift).bit_length())) >> 1) for b in alphabet)
+    rates = tuple((b, (1 << ((counts.get(b, 0) >> shift).bit_length())) >> 1) for b in _alphabet(anchors))
     return list(_choose(anchors, rates, n >> shift or 1))
+
+
+@lru_cache(maxsize=64)
+def _alphabet(anchors: tuple[bytes, ...]) -> tuple[int, ...]:
+    """The bytes the anchors use: asked on every incremental feed (a byte-by-byte feed spent most of its time here)."""
+    return tuple(sorted({b for a in anchors for b in a}))
 
 
 @lru_cache(maxsize=256)
