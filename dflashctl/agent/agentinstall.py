@@ -2,7 +2,8 @@
 FOLDER SHA256` with the archive's bytes on stdin, only when the bootstrap found none).
 
 What arrived must hash to SHA256 (the archive's name), else nothing is written. The folder must be a real directory
-(not a symlink) owned by us and writable by nobody else: the bootstrap runs whatever sits there. The archive is
+(not a symlink) owned by us and writable by nobody else, and every folder above it root's or ours and writable by
+nobody else unless sticky: the bootstrap runs whatever sits there. The archive is
 re-packed with every module compiled by THIS interpreter beside its source (`mod.pyc` next to `mod.py`, the names
 zipimport looks for; unchecked-hash pycs, so no timestamp is compared): a call then loads code instead of compiling
 ~1 MB of source each time. Another Python finds the magic number wrong and falls back to the source. The re-packed
@@ -48,7 +49,31 @@ def folder_problem(folder: str):  # -> str | None
         return f"{folder} is owned by uid {st.st_uid}, not by us (uid {os.getuid()})"
     if st.st_mode & 0o022:
         return f"{folder} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return parents_problem(folder)
+
+
+def parents_problem(folder: str):  # -> str | None
+    """Why a folder above folder lets someone else swap the archive between the bootstrap's check and zipimport's
+    re-opening of it (None: none does). sshd's StrictModes rule: each folder of its real path up to / belongs to root
+    or us and is writable by nobody else unless sticky. remote/agentcall.py BOOT applies the same rule (a test holds
+    the two in step: BOOT is text in argv and cannot import this)."""
+    path = os.path.realpath(folder)
+    while path != "/":
+        path = os.path.dirname(path)
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            return f"cannot read {path}: {e.strerror or e}"
+        if st.st_uid not in (0, os.getuid()):
+            return f"{path}, above {folder}, is owned by uid {st.st_uid}, not by us (uid {os.getuid()}) or root"
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return f"{path}, above {folder}, is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
     return None
+
+
+def trailer_holds(data: bytes) -> bool:
+    """Whether data ends in the trailer with_bytecode writes (BOOT's check; the launcher's on a run's copy)."""
+    return data[-77:-64] == TAG and hashlib.sha256(data[:-77]).hexdigest().encode() == data[-64:]
 
 
 def with_bytecode(data: bytes, where: str) -> bytes:

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 
+from dflashctl.agent.agentinstall import trailer_holds
 from dflashctl.agent.lib.attempts import SPEC_FILE, relaunch, wait_before_start
 from dflashctl.agent.lib.checkpoints import newest_checkpoint, take_checkpoint
 from dflashctl.agent.lib.compilecache import run_cache_env
@@ -163,6 +164,9 @@ def _fill_and_start(spec: dict, archive: str, run_id: str, run_dir: str, checkpo
     os.chmod(os.path.join(run_dir, "launch.json"), 0o600)  # its env values and notify URLs: the owner's only
     with open(archive, "rb") as f:
         write_atomic(os.path.join(run_dir, AGENT_FILE), f.read())
+    with open(os.path.join(run_dir, AGENT_FILE), "rb") as f:  # what every attempt and the sentinel will run
+        if not trailer_holds(f.read()):
+            raise OSError(errno.EIO, f"the run's copy of {archive} fails its trailer hash (was it changed meanwhile?)")
     write_atomic(os.path.join(run_dir, SPEC_FILE), json.dumps({k: v for k, v in spec.items() if k != "wait"}).encode())
     os.chmod(os.path.join(run_dir, SPEC_FILE), 0o600)
     log_fd = os.open(os.path.join(run_dir, "train.log"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)

@@ -1,12 +1,13 @@
 """Run a verb of the agent archive on a target: `PYTHON -c BOOT <path> VERB [ARGS]`, installing the archive first
 only where it is missing. The one way code reaches the container (and the Proxmox host).
 
-The archive (remote/agentpack.py) lives at `<workspace>/.agent/<sha256>.pyz` in the container, and for what runs on
-the Proxmox host itself (Target.run_host: the host half of status, `gpus`, `hosts check`) at
-`~/.cache/dflashctl/agent/<sha256>.pyz` there. BOOT, a few lines sent with every call, runs it only when its folder
-is ours alone and the file's trailer hash holds (agent/agentinstall.py writes it), else prints MISSING and exits
-MISSING_EXIT; then the archive goes once on stdin to the installer and the call is made again. Specs travel as one
-JSON line on stdin, never in argv (a launch spec carries --env values). Each program replies with ONE line
+The archive (remote/agentpack.py) lives at `<workspace>/.agent/<sha256>.pyz` in the container, and for what runs on the
+Proxmox host itself (Target.run_host: the host half of status, `gpus`, `hosts check`) at
+`~/.cache/dflashctl/agent/<sha256>.pyz` there. BOOT, a few lines sent with every call, runs it only when its folder is
+ours alone, every folder above it root's or ours and writable by nobody else unless sticky (agentinstall's
+parents_problem, the same rule), and the file's trailer hash holds (agent/agentinstall.py writes it), else prints
+MISSING and exits MISSING_EXIT; then the archive goes once on stdin to the installer and the call is made again. Specs
+travel as one JSON line on stdin, never in argv (a launch spec carries --env values). Each program replies with ONE line
 `<SENTINEL> {"v": 1, "doc": {...}}` (agent/lib/frame.py); parse_replies is the one reader of it, and anything else on
 stdout (login banners, locale warnings) is ignored.
 """
@@ -40,10 +41,15 @@ except ImportError:
         from hashlib import sha256
 try:
     s = os.lstat(os.path.dirname(p))
+    ok = stat.S_ISDIR(s.st_mode) and s.st_uid == os.getuid() and not s.st_mode & 0o022
+    q = os.path.realpath(os.path.dirname(p))
+    while ok and q != "/":
+        q = os.path.dirname(q)
+        s = os.stat(q)
+        ok = s.st_uid in (0, os.getuid()) and (not s.st_mode & 0o022 or s.st_mode & stat.S_ISVTX)
     with open(p, "rb") as f:
         d = f.read()
-    ok = stat.S_ISDIR(s.st_mode) and s.st_uid == os.getuid() and not s.st_mode & 0o022 \\
-        and d[-77:-64] == {agentinstall.TAG!r} and sha256(d[:-77]).hexdigest().encode() == d[-64:]
+    ok = ok and d[-77:-64] == {agentinstall.TAG!r} and sha256(d[:-77]).hexdigest().encode() == d[-64:]
 except OSError:
     ok = False
 if not ok:

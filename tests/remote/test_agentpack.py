@@ -199,3 +199,59 @@ def test_every_verb_the_archive_answers_is_in_the_one_table_and_its_main_dispatc
 
     assert "sentinel" in VERBS and "sentinel" not in agentpack.MAIN
     assert set(agentpack.ROOTS) == {"dflashctl.agent.verbs", *(f"dflashctl.{m}" for m, _, _ in VERBS.values())}
+
+
+def test_the_bootstrap_and_the_installer_judge_every_folder_above_the_archive_alike(tmp_path: Path) -> None:
+    """sshd's StrictModes rule in both (BOOT is text in argv and cannot import the installer's): each folder above
+    the archive belongs to root or us and is writable by nobody else unless sticky, so nobody else can swap the file
+    between BOOT's check and zipimport's re-opening of it."""
+    import os
+
+    sound = tmp_path / "sound"
+    assert install(sound / ".agent").returncode == 0
+    packed = (sound / ".agent" / f"{agentpack.sha256()}.pyz").read_bytes()
+    shapes = {"group-writable": (0o775, None, True), "sticky": (0o1777, None, False),
+              "foreign": (0o755, 65534, True), "above-other-writable": (0o757, None, True)}
+    verdicts = {}
+    for name, (mode, owner, refused) in {"sound": (0o700, None, False), **shapes}.items():
+        top = tmp_path / name
+        top.mkdir(exist_ok=True)
+        folder = top / "x" / ".agent" if name == "above-other-writable" else top / ".agent"
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)
+        (folder / f"{agentpack.sha256()}.pyz").write_bytes(packed)
+        os.chmod(top, mode)
+        if owner is not None:
+            os.chown(top, owner, owner)
+        why = agentinstall.folder_problem(str(folder))
+        ran = boot(folder / f"{agentpack.sha256()}.pyz", "check", str(tmp_path))
+        verdicts[name] = (why is not None, ran.returncode == agentcall.MISSING_EXIT, refused)
+        if refused:
+            assert str(top) in why and ("writable by others" in why or "owned by uid 65534" in why)
+    assert all(len(set(v)) == 1 for v in verdicts.values()), verdicts
+
+
+def test_a_launch_whose_copy_of_the_archive_fails_its_trailer_hash_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The run's supervisor, sentinel and every attempt run `<run>/agent.pyz`: a copy that is not what BOOT checked
+    (the file changed while it was copied) starts nothing."""
+    import json
+
+    folder = tmp_path / ".agent"
+    assert install(folder).returncode == 0
+    good = folder / f"{agentpack.sha256()}.pyz"
+    bad = tmp_path / "changed.pyz"
+    bad.write_bytes(good.read_bytes()[:-1] + b"0")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for archive, started in ((bad, False), (good, True)):
+        spec = {"cwd": str(tmp_path), "command": [sys.executable, "-c", "pass"], "runs_dir": str(runs),
+                "base_id": f"run-{started}", "meta": {}}
+        ran = subprocess.run([sys.executable, "-c", "import sys; from dflashctl.agent import launcher; "
+                              "launcher.launch(__import__('json').loads(sys.argv[1]), sys.argv[2])",
+                              json.dumps(spec), str(archive)], capture_output=True, timeout=120)
+        (doc,) = agentcall.parse_replies(ran.stdout)
+        if started:
+            assert "error" not in doc, doc
+        else:
+            assert doc["error"] == "run-dir" and "trailer hash" in doc["message"] and "\n" not in doc["message"]
+            assert not (runs / "run-False").exists()
