@@ -317,3 +317,24 @@ def test_a_runs_sentinel_is_recognised_in_both_shapes_of_its_command_line(tmp_pa
         assert _role(proc.pid, [sys.executable, str(tmp_path / "train.py")], None, None) == "child"
     finally:
         proc.communicate(b"")
+
+
+def test_a_frame_of_a_pruned_install_is_read_from_the_processs_own_archive(tmp_path: Path) -> None:
+    """Bytecode names the install it was compiled in (`<ws>/.agent/<sha>.pyz/…`); a run's supervisor and sentinel
+    run `<run>/agent.pyz`, the same bytes. After an install prunes that archive, the frame's line still reads."""
+    import zipfile
+
+    from dflashctl.agent.lib.pystacks import code_lines
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with zipfile.ZipFile(run / "agent.pyz", "w") as z:
+        z.writestr("__main__.py", "import sys\nsys.stdin.read()\n")
+        z.writestr("dflashctl/agent/mod.py", "x = 1\nwaiting_here = True\n")
+    pruned = tmp_path / ".agent" / f"{'a' * 64}.pyz"  # never there: pruned
+    proc = subprocess.Popen([sys.executable, str(run / "agent.pyz")], stdin=subprocess.PIPE)
+    try:
+        lines = code_lines(proc.pid, [(f"{pruned}/dflashctl/agent/mod.py", 2), (f"{pruned}/dflashctl/nope.py", 1)])
+        assert lines == {f"{pruned}/dflashctl/agent/mod.py:2": "waiting_here = True"}
+    finally:
+        proc.communicate(b"")

@@ -231,11 +231,14 @@ def frame_locations(fmt: str, raw: str) -> list[tuple[str, int]]:
 
 def code_lines(pid: int, locations: list[tuple[str, int]]) -> dict:
     """"file:line" -> that line of code, stripped (linecache; relative paths from the process's cwd). Files that
-    cannot be read (`<frozen runpy>`, `<string>`, deleted) are left out."""
+    cannot be read (`<frozen runpy>`, `<string>`, deleted) are left out. A frame of the agent archive names the
+    install it was compiled in (`<ws>/.agent/<sha>.pyz/…`), which an install may have pruned since: then the line is
+    read from the process's own archive (a run's supervisor and sentinel run `<run>/agent.pyz`, the same bytes)."""
     try:
         cwd = os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         cwd = None
+    own = _own_archive(pid, cwd)
     out: dict = {}
     checked: set = set()
     for file, line in locations:
@@ -246,21 +249,38 @@ def code_lines(pid: int, locations: list[tuple[str, int]]) -> dict:
         if path not in checked:
             linecache.checkcache(path)  # a long-lived caller (the sentinel) must not serve a file's old text
             checked.add(path)
-        text = linecache.getline(path, line).strip() or _zipped_line(path, line)
+        text = linecache.getline(path, line).strip() or _zipped_line(path, line, own)
         if text:
             out[key] = text[:300]
     return out
 
 
-def _zipped_line(path: str, line: int) -> str:
-    """A line of a module imported from a zip (the run's agent.pyz/dflashctl/…): linecache reads only
-    files."""
+def _own_archive(pid: int, cwd: str | None) -> str | None:
+    """The .pyz the process runs (its argv's first one), absolute; None when it runs none."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode("utf-8", "replace").split("\0")
+    except OSError:
+        return None
+    for arg in argv[1:]:
+        if arg.endswith(".pyz"):
+            return arg if os.path.isabs(arg) or cwd is None else os.path.join(cwd, arg)
+    return None
+
+
+def _zipped_line(path: str, line: int, own: str | None = None) -> str:
+    """A line of a module imported from a zip (`…/<sha>.pyz/dflashctl/…`): linecache reads only files. When that
+    archive is gone, from own (the process's archive: the same module at the same name inside)."""
     head, sep, inner = path.partition(".pyz/")
     if not sep:
         return ""
-    try:
-        with zipfile.ZipFile(head + ".pyz") as z:
-            lines = z.read(inner).decode("utf-8", "replace").splitlines()
-    except (OSError, KeyError, zipfile.BadZipFile):
-        return ""
-    return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    for archive in (head + ".pyz", own):
+        if archive is None:
+            continue
+        try:
+            with zipfile.ZipFile(archive) as z:
+                lines = z.read(inner).decode("utf-8", "replace").splitlines()
+        except (OSError, KeyError, zipfile.BadZipFile):
+            continue
+        return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    return ""
