@@ -3,10 +3,11 @@
 Layers, top to bottom: `__main__` → entry (the console script) → cli → commands → config → hostkeys → sentinel →
 analysis | remote → report → agent → bounds → model | errors.
 A module imports its own area and areas below it, never one beside it (analysis and remote know nothing of each
-other) or above it. agent/ runs inside the container, pasted into scripts: it imports nothing from dflashctl outside
-agent/. trainer/ is deployed on its own: it imports nothing from dflashctl. No module imports a `__main__` (an entry
-point is a top, never a library). Imports inside functions count: a lazy import is still a dependency, and within
-the packages in ACYCLIC no two modules depend on each other, however lazily.
+other) or above it. agent/ runs inside the container, from the agent archive: it imports nothing from dflashctl
+outside agent/ (the archive also carries the sentinel, which does). trainer/ is deployed on its own: it imports
+nothing from dflashctl. No module imports a `__main__` (an entry point is a top, never a library). Imports inside
+functions count: a lazy import is still a dependency, and within the packages in ACYCLIC no two modules depend on
+each other, however lazily.
 
 Beyond the layers, a few imports are ruled out by name (NEVER), directly or through any chain of imports: config
 reads hosts.toml without the sentinel program; report.py parses the probe's reply without the probe; commands/ and

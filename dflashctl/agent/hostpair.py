@@ -4,8 +4,8 @@ who holds the GPUs as the driver knows them — in ONE interpreter.
 A container host's one-shot `status` needs readings from both sides of `pct exec`: the run (inside the container)
 and, on the Proxmox host, the NVIDIA Xid lines of the kernel log (an LXC container may not read the host's ring
 buffer) and the GPUs' compute processes for the GPU share (issue 29: nvidia-smi lists processes only where the
-driver's pids are real). The laptop sends the container probe and `PYTHON -c <loader> [--apps]` with this program
-on stdin at the same moment (remote/probe.py _halves_at_once), so the two cost one round trip. Here the kernel-log
+driver's pids are real). The laptop runs the container probe and this program (the agent archive's `hostpair` verb,
+[--apps]) at the same moment (remote/probe.py _halves_at_once), so the two cost one round trip. Here the kernel-log
 read (probe/xid.py) and the compute apps with their /proc facts (probe/gpuapps.py) run at once, and one frame
 stamped with the probe's version carries both: {"probe_version", "half": "host", "xid", "gpu_apps"}. The GPUs
 themselves are the container probe's reading (the laptop places the apps on them by uuid), not read again here.

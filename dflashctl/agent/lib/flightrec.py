@@ -12,7 +12,8 @@ enqueued is lower. That rank is what to look at (its stack, its log), and N's op
 wait.
 
 Pure: bytes in, records out. Dumps are unpickled with builtins only (a dump holds nothing else; a file that holds
-anything else is refused, never executed). Names carry `dump`/`_FR` because agent modules are pasted into one file.
+anything else is refused, never executed). Names carry `dump`/`_FR` (they once shared one namespace with the other
+agent modules).
 """
 
 from __future__ import annotations
