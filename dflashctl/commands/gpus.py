@@ -32,18 +32,13 @@ class Reading:
     runs_note: str | None = None
 
 
-def _on_host(target: Target) -> bool:
-    """Whether the host probe runs on the Proxmox host (outside the container) rather than on the machine itself."""
-    return target.host.container is not None
-
-
 def host_reading(target: Target, timeout: float | None = 60) -> dict[str, Any]:
     """One host probe reply (DflashError when it printed none)."""
-    on_host = _on_host(target)
+    on_host = agentcall.host_half_on_proxmox(target)
     res = agentcall.run(target, "hostgpus", timeout=timeout, on_host=on_host)
     docs = probe.parse_frames(res.stdout)
     if not docs:
-        where = "the Proxmox host" if on_host else target.host.name
+        where = agentcall.where(target, on_host)
         raise DflashError(f"the GPU probe on {where} printed no report (exit {res.exit_code}): "
                           f"{res.tail() or 'no output'}", hint="is python3 installed there?",
                           exit_code=ExitCode.REMOTE_FAILED)
@@ -94,7 +89,8 @@ def snapshot(target: Target, timeout: float | None = 60) -> HostView:
 def watch(target: Target, interval: float = 2.0) -> Iterator[HostView]:
     """One view per host reading from one long-running host probe (`--watch`), the GPUs judged over the readings
     kept (WINDOW); the container's runs asked again every RUNS_REFRESH_S. Close the iterator to stop it."""
-    stream = agentcall.stream(target, "hostgpus", "--watch", f"{interval:g}", on_host=_on_host(target))
+    stream = agentcall.stream(target, "hostgpus", "--watch", f"{interval:g}",
+                              on_host=agentcall.host_half_on_proxmox(target))
     docs: list[dict[str, Any]] = []
     runs, note = container_runs(target)
     asked = time.monotonic()

@@ -95,7 +95,14 @@ def missing(res: Result) -> bool:
     return res.exit_code == MISSING_EXIT and MISSING.encode() in res.stdout
 
 
-def _where(target: Target, on_host: bool) -> str:
+def host_half_on_proxmox(target: Target) -> bool:
+    """Whether what reads the GPU host itself (its kernel log, the driver's processes) runs on the Proxmox host,
+    outside the container (on_host=True), rather than on the machine the target is."""
+    return target.host.container is not None
+
+
+def where(target: Target, on_host: bool) -> str:
+    """The machine a call ran on, for a message."""
     return "the Proxmox host" if on_host else target.host.name
 
 
@@ -111,9 +118,9 @@ def _refused(target: Target, on_host: bool, res: Result) -> RemoteFailed | None:
         return None
     why = said[-1].split(" ", 1)[1] if said else f"exit {res.exit_code}: {res.tail() or 'no output'}"
     hint = _no_python_hint(target, on_host) if res.exit_code == 127 else \
-        f"remove or fix {folder(target, on_host)} on {_where(target, on_host)} (it and every folder above it must " \
+        f"remove or fix {folder(target, on_host)} on {where(target, on_host)} (it and every folder above it must " \
         "belong to the user dflashctl runs as or root, writable by nobody else)"
-    return RemoteFailed(f"installing dflashctl's agent on {_where(target, on_host)}: {why}", hint=hint)
+    return RemoteFailed(f"installing dflashctl's agent on {where(target, on_host)}: {why}", hint=hint)
 
 
 def install(target: Target, on_host: bool = False, timeout: float | None = 120) -> None:
@@ -126,7 +133,7 @@ def install(target: Target, on_host: bool = False, timeout: float | None = 120) 
 
 
 def _not_run_after_install(target: Target, on_host: bool) -> RemoteFailed:
-    return RemoteFailed(f"dflashctl's agent on {_where(target, on_host)} was installed at {path(target, on_host)} "
+    return RemoteFailed(f"dflashctl's agent on {where(target, on_host)} was installed at {path(target, on_host)} "
                         "but does not pass the bootstrap's check", hint="is something rewriting that folder?")
 
 

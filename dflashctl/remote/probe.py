@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from dflashctl.agent.probe.request import DEFAULT_LOG_MAX, ProbeRequest
 from dflashctl.agent.probe.version import PROBE_VERSION
 from dflashctl.errors import DflashError, NotFound, RemoteFailed
-from dflashctl.remote import agentcall
+from dflashctl.remote import agentcall, agentpack
 from dflashctl.remote.agentcall import parse_replies, parse_reply
 from dflashctl.remote.target import Target
 from dflashctl.remote.transport import Result
@@ -130,7 +130,7 @@ def request_doc(target: Target, req: ProbeRequest, *, require_run: bool = True,
     (agent/probe/gpuapps.py, for status's GPU share), read with the Xid lines by the host half (_halves_at_once)
     and put under the report's "gpu_apps" ({"error": ...} when it could not be read; None when the host half
     printed nothing)."""
-    paired = req.xid and (target.host.container is not None or gpu_apps)
+    paired = req.xid and (agentcall.host_half_on_proxmox(target) or gpu_apps)
     args = dataclasses.replace(req, xid=False).to_argv() if paired else req.to_argv()
     if paired:
         res = _halves_at_once(target, args, timeout, gpu_apps)
@@ -144,7 +144,7 @@ def request_doc(target: Target, req: ProbeRequest, *, require_run: bool = True,
     if paired:
         host = [d for d in docs if d.get("half") == "host"]
         found = host[-1] if host else {}
-        where = "the Proxmox host" if target.host.container is not None else target.host.name
+        where = agentcall.where(target, agentcall.host_half_on_proxmox(target))
         doc["xid"] = found["xid"] if isinstance(found.get("xid"), dict) else {
             "error": f"the kernel-log probe on {where} printed no report (is python3 installed there?)"}
         if gpu_apps:
@@ -205,7 +205,8 @@ def _halves_at_once(target: Target, args: list[str], timeout: float | None, apps
     host half that fails or outlasts HOST_HALF_WAIT_S is left out (the report's xid note says so)."""
     target.transport.check_connection()  # once, here: two threads would each try a refused or silent host in turn
     half: list[bytes] = []
-    on_host = target.host.container is not None
+    on_host = agentcall.host_half_on_proxmox(target)
+    agentpack.sha256()  # cached before the threads: each would otherwise read (or build) the archive itself
 
     def host_half() -> None:
         with contextlib.suppress(DflashError):

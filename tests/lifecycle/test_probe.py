@@ -251,3 +251,31 @@ def test_probe_output_is_one_line_per_report(local_host, tmp_path):
     lines = res.stdout.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith(SENTINEL + " ")
     assert time.time() - parse_frames(lines[0])[0]["time"] < 600
+
+
+def test_cutting_a_hung_nvidia_smi_ends_it_and_the_reading_returns_an_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SmiQuery.cut (the sentinel's end, a GPU recheck) kills the call in flight, under its lock."""
+    import threading
+
+    from dflashctl.agent.probe.gpus import SmiQuery
+
+    pidfile = tmp_path / "smi.pid"
+    smi = tmp_path / "bin" / "nvidia-smi"  # the stand-in: hangs as after an Xid 79
+    smi.parent.mkdir()
+    smi.write_text(f"#!/bin/sh\necho $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}\nexec sleep 3600\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
+    query = SmiQuery()
+    got: list = []
+    reading = threading.Thread(target=lambda: got.append(query.run()))
+    reading.start()
+    deadline = time.monotonic() + 60
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pid = int(pidfile.read_text())
+    query.cut(0)
+    reading.join(60)
+    assert not reading.is_alive() and got[0][0] is None and got[0][1]
+    assert not Path(f"/proc/{pid}").exists()
+    query.cut(0)  # none in flight: nothing to kill, no error

@@ -175,3 +175,23 @@ def test_hosts_check_runs_every_check_and_names_a_workspace_the_archive_cannot_b
         assert "not writable" in checks["workspace"].detail
     assert all(c.status != "skip" or c.name in ("container", "devices", "driver") for c in report.checks)
     assert not list(private_tmp.iterdir())  # the private install is gone
+
+
+def test_a_watch_whose_archive_is_rewritten_right_after_its_install_fails_in_one_line(local_host) -> None:
+    """The second attempt of a stream meets MISSING again: the same one-line error as run(), not MISSING passed on
+    as if it were the program's output."""
+    with local_host.connect() as target:
+        inner = target.transport.run
+
+        def run(argv, *, stdin=None, timeout=None):  # noqa: ANN001, ANN202
+            res = inner(argv, stdin=stdin, timeout=timeout)
+            if stdin == agentpack.archive():  # the install: something rewrites the folder right after it
+                Path(agentcall.path(target)).write_bytes(b"rewritten")
+            return res
+
+        target.transport.run = run
+        lines = agentcall.stream(target, "probe", "--workspace", target.host.workspace, "--watch", "--interval", "0.2")
+        with pytest.raises(RemoteFailed) as got:
+            next(lines)
+        lines.close()
+    assert "does not pass the bootstrap's check" in got.value.message and "\n" not in got.value.message

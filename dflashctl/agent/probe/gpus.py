@@ -53,11 +53,15 @@ class SmiQuery:
     def cut(self, timeout_s: float) -> None:
         """From now on a call gets at most timeout_s (0: none starts), and the call in flight, if any, is ended now:
         a caller that stops waiting for a reading (another thread) takes its nvidia-smi with it."""
-        with self._lock:
+        with self._lock:  # killed under the lock, only while not yet reaped: its pid (the group) cannot be reused
             self.timeout_s = timeout_s
             child = self._child
-        if child is not None:
-            _end(child)
+            if child is None or child.poll() is not None:
+                return
+            with contextlib.suppress(OSError):
+                os.killpg(child.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(END_REAP_S)
 
     def run(self) -> tuple[str | None, str | None]:
         """(csv, None) or (None, why not)."""
