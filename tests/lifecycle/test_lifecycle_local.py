@@ -328,3 +328,26 @@ def test_wait_for_step_counts_training_step_lines_not_lines_that_merely_name_a_s
                  "training stopped by SIGTERM step=285 checkpoint=/w/runs/x/checkpoints/step-00000285.pt",
                  "error_rate=0.01", "trainer starting pid=12 steps=5000 drafters=3"):
         assert not is_training_step(line), line
+
+
+def test_meta_names_the_install_the_runs_archive_copy_came_from_as_the_docs_say(local_host, cli, tmp_path):
+    """usage.md: meta.json `sentinel.sha256` names the archive as the CLI built it (the install
+    `<workspace>/.agent/<sha256>.pyz`), not `sha256sum <run>/agent.pyz`; the copy is checked by its own trailer."""
+    import io
+    import zipfile
+
+    from dflashctl.agent.agentinstall import trailer_holds
+    from dflashctl.remote import agentpack
+
+    cfg = write_config(tmp_path / "short.toml", mode="train", steps=2, step_s=0.05)
+    ran = cli("launch", "--source", str(FAKE_TRAINER), "--config", str(cfg), "--wait-for", "exit", "--json")
+    assert ran.code == 0, ran.err
+    run_dir = Path(ran.json()["run_dir"])
+    sha = json.loads((run_dir / "meta.json").read_text())["sentinel"]["sha256"]
+    copy = (run_dir / "agent.pyz").read_bytes()
+    install = Path(local_host.host.workspace) / ".agent" / f"{sha}.pyz"
+    assert sha == agentpack.sha256() and install.read_bytes() == copy and trailer_holds(copy)
+    assert hashlib.sha256(copy).hexdigest() != sha  # the bytecode the install added
+    with zipfile.ZipFile(run_dir / "agent.pyz") as got, zipfile.ZipFile(io.BytesIO(agentpack.archive())) as built:
+        assert {n: got.read(n) for n in got.namelist() if not n.endswith(".pyc")} == \
+            {n: built.read(n) for n in built.namelist()}
