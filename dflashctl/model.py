@@ -228,7 +228,6 @@ class GpuReport:
     smi_csv: str | None = None
     error: str | None = None
     time: float | None = None  # when it was read (the probe's clock), in a watch's `gpus_series`
-    smi_missing: tuple[str, ...] = ()  # health columns this driver's nvidia-smi refused (an older driver)
 
 
 class GpuAction(StrEnum):
@@ -320,7 +319,6 @@ class ProcRecord:
 
     pid: int
     ppid: int
-    pgid: int | None
     state: str
     run_id: str | None  # its DFLASH_RUN_ID marker
     cmdline: str
@@ -345,7 +343,6 @@ class HostGpuProc:
 class HostGpuReport:
     """The host's GPU process list (`probe --host-gpu-procs`), or why there is none."""
 
-    csv: str | None
     procs: tuple[HostGpuProc, ...] = ()
     error: str | None = None
 

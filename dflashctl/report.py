@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dflashctl.agent.lib.frame import PROBE_VERSION
-from dflashctl.agent.lib.runmeta import RunMeta
+from dflashctl.agent.lib.runmeta import RunMeta, as_float, as_int, as_str
 from dflashctl.errors import RemoteFailed
 from dflashctl.model import GpuReport, HostGpuProc, HostGpuReport, ProcRecord
 
@@ -141,18 +141,6 @@ class ProbeReport:
         return self.log is None or self.log.drained
 
 
-def _int(v: object) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _float(v: object) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
-def _str(v: object) -> str | None:
-    return v if isinstance(v, str) else None
-
-
 def _dict(v: object) -> dict[str, Any] | None:
     return v if isinstance(v, dict) else None
 
@@ -185,7 +173,7 @@ class RankLayout:
 def parse_layout(doc: object) -> RankLayout | None:
     if not isinstance(doc, dict) or not isinstance(doc.get("devices"), dict):
         return None
-    kind, rank, world = _str(doc.get("kind")), _int(doc.get("rank")), _int(doc.get("world_size"))
+    kind, rank, world = as_str(doc.get("kind")), as_int(doc.get("rank")), as_int(doc.get("world_size"))
     devices = tuple((str(d), tuple(str(x) for x in held)) for d, held in doc["devices"].items()
                     if isinstance(held, list))
     if kind is None or rank is None or world is None or rank < 0 or world < 1 or not devices:
@@ -226,11 +214,11 @@ def parse_flight_recorder(doc: Mapping[str, Any]) -> FlightRecorderReport:
         except (TypeError, ValueError, KeyError, AttributeError):
             continue
     return FlightRecorderReport(
-        dir=_str(doc.get("dir")), dumps=_int(doc.get("dumps")) or 0,
-        ranks=tuple(r for r in _list(doc.get("ranks")) if _int(r) is not None), newest=_float(doc.get("newest")),
+        dir=as_str(doc.get("dir")), dumps=as_int(doc.get("dumps")) or 0,
+        ranks=tuple(r for r in _list(doc.get("ranks")) if as_int(r) is not None), newest=as_float(doc.get("newest")),
         skipped=tuple((str(x.get("name")), str(x.get("why"))) for x in _list(doc.get("skipped"))
                       if isinstance(x, dict)),
-        skipped_count=_int(doc.get("skipped_count")) or 0, behind=tuple(behind))
+        skipped_count=as_int(doc.get("skipped_count")) or 0, behind=tuple(behind))
 
 
 def check_version(doc: Mapping[str, Any]) -> None:
@@ -242,12 +230,12 @@ def check_version(doc: Mapping[str, Any]) -> None:
 
 def parse_run(doc: Mapping[str, Any]) -> RunRecord:
     return RunRecord(
-        id=str(doc["id"]), dir=str(doc["dir"]), pid=_int(doc.get("pid")), alive=bool(doc.get("alive")),
-        exit_code=_int(doc.get("exit_code")), stopped=bool(doc.get("stopped")),
+        id=str(doc["id"]), dir=str(doc["dir"]), pid=as_int(doc.get("pid")), alive=bool(doc.get("alive")),
+        exit_code=as_int(doc.get("exit_code")), stopped=bool(doc.get("stopped")),
         meta=RunMeta.from_record(doc.get("meta")),
         heartbeat=_dict(doc.get("heartbeat")), errors=_dict(doc.get("errors")) or {},
-        ending=bool(doc.get("ending")), supervisor_pid=_int(doc.get("supervisor_pid")),
-        ended_at=_float(doc.get("ended_at")), log_size=_int(doc.get("log_size")),
+        ending=bool(doc.get("ending")), supervisor_pid=as_int(doc.get("supervisor_pid")),
+        ended_at=as_float(doc.get("ended_at")), log_size=as_int(doc.get("log_size")),
         log_tail=_b64(doc.get("log_tail_b64")), stopped_by=_dict(doc.get("stopped_by")) if doc.get("stopped") else None,
         restart=_dict(doc.get("restart")), events_tail=_b64(doc.get("events_tail_b64")),
         survivors=tuple(s for s in doc.get("survivors") or () if isinstance(s, dict) and isinstance(s.get("pid"), int)),
@@ -256,19 +244,18 @@ def parse_run(doc: Mapping[str, Any]) -> RunRecord:
 
 def _parse_log(doc: Mapping[str, Any]) -> LogChunk:
     data = _b64(doc.get("data_b64"))
-    offset = _int(doc.get("offset")) or 0
-    next_offset = _int(doc.get("next_offset"))
-    return LogChunk(path=_str(doc.get("path")), size=_int(doc.get("size")) or 0, inode=_int(doc.get("inode")),
-                    mtime=_float(doc.get("mtime")), offset=offset,
+    offset = as_int(doc.get("offset")) or 0
+    next_offset = as_int(doc.get("next_offset"))
+    return LogChunk(path=as_str(doc.get("path")), size=as_int(doc.get("size")) or 0, inode=as_int(doc.get("inode")),
+                    mtime=as_float(doc.get("mtime")), offset=offset,
                     next_offset=offset + len(data) if next_offset is None else next_offset, data=data,
                     rotated=bool(doc.get("rotated")))
 
 
 def parse_gpus(doc: Mapping[str, Any]) -> GpuReport:
-    return GpuReport(source=_str(doc.get("source")), nvml=tuple(r for r in _list(doc.get("nvml"))
+    return GpuReport(source=as_str(doc.get("source")), nvml=tuple(r for r in _list(doc.get("nvml"))
                                                                   if isinstance(r, dict)),
-                     smi_csv=_str(doc.get("smi_csv")), error=_str(doc.get("error")), time=_float(doc.get("time")),
-                     smi_missing=tuple(str(f) for f in _list(doc.get("smi_missing"))))
+                     smi_csv=as_str(doc.get("smi_csv")), error=as_str(doc.get("error")), time=as_float(doc.get("time")))
 
 
 @dataclass(frozen=True)
@@ -282,22 +269,23 @@ class XidReport:
 
 
 def parse_xid(doc: Mapping[str, Any]) -> XidReport:
-    return XidReport(_str(doc.get("source")), tuple(str(x) for x in _list(doc.get("lines"))), _str(doc.get("error")))
+    lines = tuple(str(x) for x in _list(doc.get("lines")))
+    return XidReport(as_str(doc.get("source")), lines, as_str(doc.get("error")))
 
 
 def parse_proc(doc: Mapping[str, Any]) -> ProcRecord:
-    return ProcRecord(pid=int(doc["pid"]), ppid=int(doc["ppid"]), pgid=_int(doc.get("pgid")), state=str(doc["state"]),
-                      run_id=_str(doc.get("run_id")) or None, cmdline=_str(doc.get("cmdline")) or "",
-                      starttime=int(doc["starttime"]), age_s=_float(doc.get("age_s")) or 0.0,
+    return ProcRecord(pid=int(doc["pid"]), ppid=int(doc["ppid"]), state=str(doc["state"]),
+                      run_id=as_str(doc.get("run_id")) or None, cmdline=as_str(doc.get("cmdline")) or "",
+                      starttime=int(doc["starttime"]), age_s=as_float(doc.get("age_s")) or 0.0,
                       holds_gpu=bool(doc.get("holds_gpu")), elsewhere=bool(doc.get("elsewhere")))
 
 
 def parse_host_gpu(doc: Mapping[str, Any]) -> HostGpuReport:
-    procs = tuple(HostGpuProc(pid=int(p["pid"]), ns_pid=_int(p.get("ns_pid")),
-                              used_memory_mib=_float(p.get("used_memory_mib")), gpu_uuid=_str(p.get("gpu_uuid")),
+    procs = tuple(HostGpuProc(pid=int(p["pid"]), ns_pid=as_int(p.get("ns_pid")),
+                              used_memory_mib=as_float(p.get("used_memory_mib")), gpu_uuid=as_str(p.get("gpu_uuid")),
                               in_container=bool(p.get("in_container")))
                   for p in _list(doc.get("procs")) if isinstance(p, dict))
-    return HostGpuReport(csv=_str(doc.get("csv")), procs=procs, error=_str(doc.get("error")))
+    return HostGpuReport(procs=procs, error=as_str(doc.get("error")))
 
 
 def parse_report(doc: Mapping[str, Any]) -> ProbeReport:
@@ -305,11 +293,11 @@ def parse_report(doc: Mapping[str, Any]) -> ProbeReport:
     check_version(doc)
     run, log, gpus, disk, host = (_dict(doc.get(k)) or None for k in ("run", "log", "gpus", "disk", "host_gpu_procs"))
     return ProbeReport(
-        probe_version=PROBE_VERSION, time=_float(doc.get("time")), hostname=_str(doc.get("hostname")),
-        run=parse_run(run) if run is not None else None, run_requested=_str(doc.get("run_requested")),
+        probe_version=PROBE_VERSION, time=as_float(doc.get("time")), hostname=as_str(doc.get("hostname")),
+        run=parse_run(run) if run is not None else None, run_requested=as_str(doc.get("run_requested")),
         log=_parse_log(log) if log is not None else None, gpus=parse_gpus(gpus) if gpus is not None else None,
         gpus_series=tuple(parse_gpus(g) for g in _list(doc.get("gpus_series")) if isinstance(g, dict)),
-        disk=DiskReport(_str(disk.get("path")), _float(disk.get("free_mib")), _float(disk.get("total_mib")))
+        disk=DiskReport(as_str(disk.get("path")), as_float(disk.get("free_mib")), as_float(disk.get("total_mib")))
         if disk is not None else None,
         procs=tuple(parse_proc(p) for p in _list(doc.get("procs")) if isinstance(p, dict)),
         run_ids=tuple(r for r in _list(doc.get("run_ids")) if isinstance(r, str)),

@@ -285,7 +285,7 @@ def host_gpu_report(view: HostView, error: str | None = None) -> HostGpuReport:
     procs = tuple(HostGpuProc(p.pid, p.ns_pid if p.container == view.container else None, p.used_memory_mib,
                               p.gpu_uuid, p.container == view.container)
                   for p in view.procs if p.role != GONE)
-    return HostGpuReport(None, procs, error)
+    return HostGpuReport(procs, error)
 
 
 def _mib(p: HostProc) -> str:

@@ -17,7 +17,6 @@ from dflashctl.model import Verdict
 EXIT_CODE_GRACE_S = 10.0
 # The launcher writes `pid` right after it forks: a run with no pid yet is starting, not lost, for this long.
 STARTING_GRACE_S = 15.0
-JOB_KINDS = ("eval", "generate")  # runs that are not training: no steps to wait for (meta.json `kind`)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ def host_gpu(target: Target, timeout: float | None = 60) -> tuple[HostGpuReport,
     try:
         doc = gpus.host_reading(target, timeout)
     except DflashError as e:
-        return HostGpuReport(None, (), e.message), []
+        return HostGpuReport((), e.message), []
     view = gpus.view_of(target, [doc], None)
     error = str(doc.get("apps_error")) if doc.get("apps_error") and doc.get("apps_error") != "nvidia-smi not found" \
         else None

@@ -1,5 +1,5 @@
 """A run's meta.json as one typed record, read here and nowhere else (stdlib only: the container's programs and the
-laptop read it alike; dflashctl/model.py re-exports it).
+laptop read it alike).
 
 The launcher writes meta.json once, when it makes the run directory (agent/launcher.py, agent/lib/adoption.py, both
 through `write_meta`): what was started, where, by whom, and how it relates to other runs (a restart's chain, a run
@@ -24,15 +24,16 @@ META_FILE = "meta.json"
 JOB_KINDS = ("eval", "generate")  # runs that are not training: they log no steps (`dflashctl eval` / `generate`)
 
 
-def _str(v: object) -> str | None:
+# A JSON value of the wrong type reads as None (report.py parses probe JSON with these too).
+def as_str(v: object) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def _int(v: object) -> int | None:
+def as_int(v: object) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _float(v: object) -> float | None:
+def as_float(v: object) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
@@ -70,18 +71,18 @@ class RunMeta:
         """The record of a parsed meta.json (anything that is not an object reads as an empty record)."""
         if not isinstance(doc, Mapping):
             return cls()
-        kind = _str(doc.get("kind"))
+        kind = as_str(doc.get("kind"))
         argv = doc.get("argv")
         return cls(
-            id=_str(doc.get("id")), name=_str(doc.get("name")), kind=kind or "train",
-            host=_str(doc.get("host")), container=_int(doc.get("container")),
+            id=as_str(doc.get("id")), name=as_str(doc.get("name")), kind=kind or "train",
+            host=as_str(doc.get("host")), container=as_int(doc.get("container")),
             argv=tuple(str(a) for a in argv) if isinstance(argv, list) else (),
-            cwd=_str(doc.get("cwd")), started_at=_str(doc.get("started_at")),
-            started_at_epoch=_float(doc.get("started_at_epoch")), code_hash=_str(doc.get("code_hash")),
-            git_sha=_str(doc.get("git_sha")), job=_str(doc.get("job")), config=_dict(doc.get("config")),
+            cwd=as_str(doc.get("cwd")), started_at=as_str(doc.get("started_at")),
+            started_at_epoch=as_float(doc.get("started_at_epoch")), code_hash=as_str(doc.get("code_hash")),
+            git_sha=as_str(doc.get("git_sha")), job=as_str(doc.get("job")), config=_dict(doc.get("config")),
             gpus=_dict(doc.get("gpus")), resumed_from=_dict(doc.get("resumed_from")),
             adopted=_dict(doc.get("adopted")),
-            restart_of=_str(doc.get("restart_of")), chain=_dict(doc.get("chain")), cluster=_dict(doc.get("cluster")),
+            restart_of=as_str(doc.get("restart_of")), chain=_dict(doc.get("chain")), cluster=_dict(doc.get("cluster")),
             extra={k: v for k, v in doc.items() if k not in _KNOWN},
         )
 
@@ -113,7 +114,7 @@ class RunMeta:
     @property
     def attempt(self) -> int | None:
         """Which attempt of a launch with --restart-on this run is (None: a launch without restarts)."""
-        return _int((self.chain or {}).get("attempt"))
+        return as_int((self.chain or {}).get("attempt"))
 
     @property
     def attempt_label(self) -> str:
