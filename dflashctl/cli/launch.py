@@ -21,7 +21,7 @@ from dflashctl.cli.common import Exit, HostOpt, HostsOpt, JsonOpt, err, escape, 
 from dflashctl.errors import ConfigError
 
 if TYPE_CHECKING:  # each verb imports its command module itself: `status` should not pay for `launch`
-    from dflashctl.commands import launch as launch_cmd
+    from dflashctl.commands import waiting
     from dflashctl.commands.sentinel import WatchOptions
     from dflashctl.remote import Target
 
@@ -125,11 +125,13 @@ def launch(
     if wait_for not in ("started", "step", "exit"):
         raise ConfigError(f"--wait-for must be started, step or exit (got {wait_for!r})")
     from dflashctl.commands import launch as launch_cmd
+    from dflashctl.commands import waiting
+    from dflashctl.commands.program import parse_env
 
     words = list(extra or [])
     opts = launch_cmd.LaunchOptions(name=name, config=config, kill_zombies=kill_zombies,
                                     extra=[] if exec_ else words, command=words if exec_ else None, shell=shell,
-                                    env=launch_cmd.parse_env(list(env or [])), host_command=True,
+                                    env=parse_env(list(env or [])), host_command=True,
                                     source=source, resume_from=resume_from,
                                     exclude_unhealthy_gpus=exclude_unhealthy_gpus,
                                     confirm=wait_for == "started" and not follow,
@@ -156,7 +158,7 @@ def launch(
             code = follow_log(target, res.run_id, from_start=True)
         elif wait_for != "started":
             with _launch_errors(target, json_out):
-                result = launch_cmd.wait(target, res.run_id, wait_for, timeout)  # type: ignore[arg-type]
+                result = waiting.wait(target, res.run_id, wait_for, timeout)  # type: ignore[arg-type]
                 if result.died_early():
                     raise result.failure()
             code = result.exit_code
@@ -279,15 +281,15 @@ def generate(
 
 
 def _wait_job(target: Target, run_id: str, timeout: float | None, json_out: bool,
-              ok_codes: tuple[int, ...] = (0,)) -> launch_cmd.WaitResult:
+              ok_codes: tuple[int, ...] = (0,)) -> waiting.WaitResult:
     """Wait for a job run (eval, generate) to end, its log streamed to stderr; Ctrl-C detaches (exit 0). A job
-    that ended with another code than ok_codes is reported as a failed launch (launch_cmd.failure)."""
-    from dflashctl.commands import launch as launch_cmd
+    that ended with another code than ok_codes is reported as a failed launch (waiting.failure)."""
+    from dflashctl.commands import waiting
 
     echo = None if json_out else (lambda b: (sys.stderr.buffer.write(b), sys.stderr.flush()))
     try:
         with _launch_errors(target, json_out):
-            result = launch_cmd.wait(target, run_id, "exit", timeout, on_log=echo)
+            result = waiting.wait(target, run_id, "exit", timeout, on_log=echo)
             if result.died_early(ok_codes):
                 raise result.failure()
         return result
@@ -301,6 +303,7 @@ def _launch_errors(target: Target, json_out: bool) -> Iterator[None]:
     """What a refused or failed launch shows besides its one-line error: the processes in the way, or the first
     lines of the run's log (a JSON document with them under --json)."""
     from dflashctl.commands import launch as launch_cmd
+    from dflashctl.commands import waiting
 
     try:
         yield
@@ -310,7 +313,7 @@ def _launch_errors(target: Target, json_out: bool) -> Iterator[None]:
 
             show(zombie_table(e.rows, outcome=False), to_stderr=True)
         raise
-    except launch_cmd.LaunchFailed as e:
+    except waiting.LaunchFailed as e:
         if json_out:
             print_json(e.to_record(target.host.name))
         elif e.log_head:
@@ -319,7 +322,7 @@ def _launch_errors(target: Target, json_out: bool) -> Iterator[None]:
         raise
 
 
-def _say_wait(what: str, r: launch_cmd.WaitResult, timeout: float | None) -> None:
+def _say_wait(what: str, r: waiting.WaitResult, timeout: float | None) -> None:
     if r.reached and what == "step":
         out(f"first step after {r.waited_s:.0f}s: {r.line}", markup=False)
     elif r.reached:

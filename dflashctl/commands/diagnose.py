@@ -6,7 +6,6 @@ a chat, and gives the same verdict `status` would have given with the same evide
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from dflashctl.analysis.progress import ProgressRegexError, custom
 from dflashctl.analysis.smiq import looks_like_q
 from dflashctl.errors import ConfigError
 from dflashctl.model import GpuReport
+from dflashctl.remote.masterwire import read_info
 
 
 @dataclass
@@ -113,14 +113,6 @@ def _rotated_logs(run_dir: Path) -> list[Path]:
     return [p for p in rotated if n(p) > 0] + ([run_dir / "train.log"] if (run_dir / "train.log").exists() else [])
 
 
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def diagnose(logs: list[Path], gpu_files: list[Path], *, progress_regex: str | None = None,
              kernel_logs: list[Path] = ()) -> Diagnosis:
     """Judge the given logs (several are read as one, in order), nvidia-smi samples (a --query-gpu CSV with the
@@ -149,10 +141,10 @@ def diagnose(logs: list[Path], gpu_files: list[Path], *, progress_regex: str | N
                 scanner.flush()
                 sources.append(str(f))
             for f in sorted((path / "errors").glob("*.json")):
-                doc = _json(f)
+                doc = read_info(f)
                 if doc is not None:
                     errors[f.stem] = doc
-            heartbeat = _json(path / "heartbeat.json") or heartbeat
+            heartbeat = read_info(path / "heartbeat.json") or heartbeat
             code = (path / "exit_code").read_text().strip() if (path / "exit_code").exists() else ""
             if code.lstrip("-").isdigit():
                 process = ProcessState(alive=False, exit_code=int(code), stopped=(path / "stopped").exists())

@@ -10,7 +10,7 @@ The program is the bundled trainer (`python -m trainer --config … --run-dir �
 <workspace>/code with DFLASH_RUN_ID, DFLASH_RUN_DIR, PYTHONUNBUFFERED=1 and the user's `--env` (parse_env).
 
 Here: preflight, start, confirm. What to start (program, name, env, config) is decided in program.py; watching a run
-and the report of one that died early are in waiting.py. Both are re-exported, so `launch_cmd.X` keeps working.
+and the report of one that died early are in waiting.py; callers import those names from there.
 """
 
 from __future__ import annotations
@@ -23,18 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from dflashctl.analysis.gpus import memory_by_index
-from dflashctl.analysis.progress import is_training_step
 from dflashctl.analysis.verdict import EndWatch
 from dflashctl.commands import deploy as deploy_cmd
 from dflashctl.commands import zombies
 from dflashctl.commands.launch_gpus import configured_gpus, plan, program_words
 from dflashctl.commands.program import (
-    DEFAULT_CONFIG,
-    NAME_MAX,
-    RUN_VARIABLES,
     LaunchOptions,
     git_sha,
-    parse_env,
     program_argv,
     program_name,
     read_config,
@@ -43,20 +38,13 @@ from dflashctl.commands.program import (
 from dflashctl.commands.runlookup import RunInfo, run_from_probe, runs_dir
 from dflashctl.commands.runs import get_run, list_runs
 from dflashctl.commands.sentinel import sentinel_spec
-from dflashctl.commands.waiting import LaunchFailed, LogKeeper, WaitFor, WaitResult, failure, log_excerpt, wait
+from dflashctl.commands.waiting import LaunchFailed, LogKeeper, WaitResult, failure, log_excerpt
 from dflashctl.errors import ConfigError, DflashError, ExitCode, NotFound
 from dflashctl.remote import agentcall, agentpack, probe
 from dflashctl.remote.target import Target
 from dflashctl.report import ProbeReport
 
-# Other modules and tests import these from here (launch_cmd.wait, launch_cmd.parse_env …): they keep working.
 # Tests patch CONFIRM_S, ALIVE_FOR_S and MIN_FREE_MIB on this module: confirm() and _check_disk() read them here.
-__all__ = [
-    "ALIVE_FOR_S", "CONFIRM_S", "DEFAULT_CONFIG", "GPU_BUSY_MIB", "MIN_FREE_MIB", "NAME_MAX", "RUN_VARIABLES",
-    "EndedRun", "LaunchFailed", "LaunchOptions", "LaunchRefused", "LaunchResult", "LogKeeper", "WaitFor",
-    "WaitResult", "confirm", "ended_run", "failure", "is_training_step", "launch", "log_excerpt", "parse_env",
-    "program_argv", "program_name", "run_slug", "wait",
-]
 
 MIN_FREE_MIB = 1024.0
 GPU_BUSY_MIB = 1024.0  # a requested GPU with more memory in use than this is held by someone

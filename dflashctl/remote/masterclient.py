@@ -34,7 +34,7 @@ from dflashctl import errors
 from dflashctl.errors import ConfigError, ConnectFailed, DflashError
 from dflashctl.model import Host
 from dflashctl.remote import masterwire as wire
-from dflashctl.remote.transport import Result, Transport
+from dflashctl.remote.transport import Result, Transport, connection_lost
 
 START_TIMEOUT_S = 120.0  # the master's own connect timeouts (10 s a stage, per hop) end it well before this
 _KEY = re.compile(r"[0-9a-f]{20}")  # masterwire.connection_key's names: nothing else in the folder is a master's
@@ -137,17 +137,13 @@ class MasterTransport(Transport):
                 frame = wire.recv(sock)
             except (OSError, wire.WireError):
                 sock.close()
-                raise self._lost() from None
+                raise connection_lost(self.host) from None
             if frame is None or frame[0] != wire.GONE:
                 return sock, frame
             sock.close()
             if attempt == 1:
                 self._start(replacing=True)  # the GONE master has removed its socket: this starts a new one
-        raise self._lost()
-
-    def _lost(self) -> ConnectFailed:
-        return ConnectFailed(f"host {self.host.name}: ssh connection lost",
-                             hint="the next command reconnects; check the network if it keeps happening")
+        raise connection_lost(self.host)
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None) -> Result:
         argv = tuple(argv)
@@ -156,7 +152,7 @@ class MasterTransport(Transport):
         try:
             while True:
                 if frame is None:
-                    raise self._lost()
+                    raise connection_lost(self.host)
                 kind, data = frame
                 if kind == wire.OUT:
                     out += data
@@ -166,7 +162,7 @@ class MasterTransport(Transport):
                     return Result(argv, _exit_code(json.loads(data)), bytes(out), bytes(err))
                 frame = wire.recv(sock)
         except (OSError, wire.WireError):
-            raise self._lost() from None
+            raise connection_lost(self.host) from None
         finally:
             sock.close()
 
@@ -176,7 +172,7 @@ class MasterTransport(Transport):
         try:
             while True:
                 if frame is None:
-                    raise self._lost()
+                    raise connection_lost(self.host)
                 kind, data = frame
                 if kind == wire.OUT:
                     *lines, buf = (buf + data).split(b"\n")
@@ -189,7 +185,7 @@ class MasterTransport(Transport):
                     return
                 frame = wire.recv(sock)
         except (OSError, wire.WireError):
-            raise self._lost() from None
+            raise connection_lost(self.host) from None
         finally:
             sock.close()  # the master sees the hang-up and closes the channel: the remote command ends
 

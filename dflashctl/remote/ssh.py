@@ -24,7 +24,7 @@ from dflashctl.errors import AuthFailed, ConnectFailed, HostKeyError, RemoteTime
 from dflashctl.model import Host
 from dflashctl.remote.sshconfig import AcceptNew, Endpoint, RejectUnknown, UnknownHostKey, chain_to, load_ssh_config
 from dflashctl.remote.sshlib import paramiko
-from dflashctl.remote.transport import Result, Transport, shell_join
+from dflashctl.remote.transport import Result, Transport, connection_lost, shell_join
 
 CONNECT_TIMEOUT_S = 10.0
 KEEPALIVE_S = 5
@@ -215,10 +215,6 @@ class SshTransport(Transport):
                 raise ConnectFailed(f"host {self.host.name}: cannot open an ssh channel ({e})") from None
         raise AssertionError("unreachable")
 
-    def _lost(self) -> ConnectFailed:
-        return ConnectFailed(f"host {self.host.name}: ssh connection lost",
-                             hint="the next command reconnects; check the network if it keeps happening")
-
     def run(
         self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
     ) -> Result:
@@ -242,7 +238,7 @@ class SshTransport(Transport):
                 feeder.join(1)
             code = self._exit_status(chan)
         except (EOFError, OSError, paramiko.SSHException):
-            raise self._lost() from None
+            raise connection_lost(self.host) from None
         finally:
             chan.close()
         return Result(argv, code, bytes(out), bytes(err))
@@ -267,7 +263,7 @@ class SshTransport(Transport):
         while not dead() and time.monotonic() < settle:
             time.sleep(0.01)
         if dead():
-            raise self._lost()
+            raise connection_lost(self.host)
         return 255
 
     def stream(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Iterator[bytes]:
@@ -292,7 +288,7 @@ class SshTransport(Transport):
                 yield bytes(buf)
             self._exit_status(chan)
         except (EOFError, OSError, paramiko.SSHException):
-            raise self._lost() from None
+            raise connection_lost(self.host) from None
         finally:
             chan.close()
 

@@ -15,7 +15,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from dflashctl.errors import RemoteFailed, RemoteTimeout
+from dflashctl.errors import ConnectFailed, RemoteFailed, RemoteTimeout
+from dflashctl.model import Host
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,12 @@ class Result:
         if not self.ok:
             raise RemoteFailed(f"{what} failed (exit {self.exit_code}): {self.tail() or 'no output'}")
         return self
+
+
+def connection_lost(host: Host) -> ConnectFailed:
+    """The one error for an ssh connection that broke mid-command (the paramiko and the master transport alike)."""
+    return ConnectFailed(f"host {host.name}: ssh connection lost",
+                         hint="the next command reconnects; check the network if it keeps happening")
 
 
 def shell_join(argv: Sequence[str]) -> str:

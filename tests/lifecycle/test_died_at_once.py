@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from dflashctl.commands import launch as launch_cmd
+from dflashctl.commands import waiting
 
 from .conftest import FAKE_TRAINER, run_dir, wait_until, write_config
 
@@ -24,8 +25,8 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture
 def order(monkeypatch: pytest.MonkeyPatch, local_host):
-    """order(side, trigger): wrap launch_cmd.wait so the program dies before or after the CLI starts watching."""
-    real_wait = launch_cmd.wait
+    """order(side, trigger): wrap waiting.wait so the program dies before or after the CLI starts watching."""
+    real_wait = waiting.wait
 
     def arrange(side: str, trigger: Path) -> None:
         def wait(target, run_id, what, timeout_s, on_log=None):
@@ -40,7 +41,7 @@ def order(monkeypatch: pytest.MonkeyPatch, local_host):
 
             return real_wait(target, run_id, what, timeout_s, first_bytes)
 
-        monkeypatch.setattr(launch_cmd, "wait", wait)
+        monkeypatch.setattr(waiting, "wait", wait)
 
     return arrange
 

@@ -319,7 +319,7 @@ def test_two_launches_at_once_start_exactly_one_run(local_host, cli):
 
 
 def test_wait_for_step_counts_training_step_lines_not_lines_that_merely_name_a_step():
-    from dflashctl.commands.launch import is_training_step
+    from dflashctl.analysis.progress import is_training_step
 
     for line in ("step=12 loss=4.1234 tok/s=1834.2", "step: 10  loss: 2.31", "iter 100: loss 2.3000",
                  "{'loss': 2.31, 'learning_rate': 5e-05, 'epoch': 0.1}", "step=7 tok/s=1200.0"):
