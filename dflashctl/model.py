@@ -260,8 +260,6 @@ class XidEvent:
     process: str | None
     message: str
     raw: str  # the line as read
-    stamp: str | None = None  # whatever dmesg/journalctl put before `NVRM:` (not parsed)
-    implied: bool = False  # "GPU … has fallen off the bus" printed without an Xid number: counted as Xid 79
 
 
 @dataclass(frozen=True)

@@ -48,17 +48,6 @@ def test_exit_codes_are_distinct_per_kind_of_failure() -> None:
     assert len(set(ExitCode)) == len({int(c) for c in ExitCode})
 
 
-def test_a_failed_remote_write_is_a_remote_failure_not_a_usage_error(tmp_path: Path) -> None:
-    """A real write through the local transport into a path whose parent is a regular file: exit 106."""
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("a file")
-    with connect(Host("local", python=sys.executable)) as target, pytest.raises(RemoteFailed) as exc:
-        target.write_file(str(blocker / "meta.json"), b"{}")
-    assert exc.value.exit_code == ExitCode.REMOTE_FAILED == 106
-    assert f"writing {blocker}/meta.json on local failed" in exc.value.message
-    assert "\n" not in exc.value.message
-
-
 def test_a_probe_reply_of_another_version_is_a_remote_failure() -> None:
     with pytest.raises(RemoteFailed, match="probe version 0 does not match") as exc:
         check_version({"probe_version": 0})

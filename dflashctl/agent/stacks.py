@@ -136,20 +136,18 @@ def summary(doc: dict, path: str | None) -> dict:
             "dumped": sum(1 for p in procs if p["method"]), "processes": procs}
 
 
-def capture(run_dir: str, run_id: str, reason: str, *, save: bool = True, include_all: bool = False,
-            attempt: int | None = None) -> dict:
+def capture(run_dir: str, run_id: str, reason: str, *, attempt: int | None = None) -> dict:
     """Dump the run's stacks now and save them (<run>/stacks/capture-<stamp>.json); returns summary()'s record.
     Bounded: py-spy 10 s per process (8 at once), the dump signal 5 s for all. Never raises for a process it
     cannot dump (that process's error says why); an unwritable run directory gives path None and "write_error".
     attempt: also keep them with the flight recorder's dumps in <run>/captures/<attempt>-<stamp>/ (a hang's
     evidence together, lib/captures.py), described under "capture"."""
-    doc = collect(run_dir, run_id, reason, include_all=include_all)
+    doc = collect(run_dir, run_id, reason)
     path, write_error = None, None
-    if save:
-        try:
-            path = write_capture(run_dir, doc)
-        except OSError as e:
-            write_error = f"{e.strerror or e}: {e.filename or run_dir}"
+    try:
+        path = write_capture(run_dir, doc)
+    except OSError as e:
+        write_error = f"{e.strerror or e}: {e.filename or run_dir}"
     out = summary(doc, path)
     if write_error:
         out["write_error"] = write_error

@@ -15,7 +15,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from dflashctl.analysis.gpus import PROBE_FIELDS, csv_number, csv_rows, na
-from dflashctl.analysis.smiq import THROTTLE_BITS as THROTTLE_BITS  # re-exported: its home moved to smiq
 from dflashctl.analysis.smiq import decode_reasons, gpu_health_from_q
 from dflashctl.analysis.xids import XID_TABLE, normalize_pci, recovery_word, xid_info
 from dflashctl.model import GpuAction, GpuHealth, GpuReport, HealthFinding, HealthSeverity, XidEvent

@@ -23,7 +23,6 @@ from dflashctl.analysis.sigcompile import (
 )
 from dflashctl.analysis.sigrule import Rule as Rule
 from dflashctl.analysis.sigrule import sig
-from dflashctl.model import Signature
 
 ZERO_RUN = 3  # consecutive training losses of exactly 0.0 that make a `zero-loss`
 
@@ -314,7 +313,6 @@ ANCHORS: tuple[str, ...] = (
 BY_ID: dict[str, Rule] = {r.signature.id: r for r in RULES}
 LOSS_RULES: tuple[Rule, ...] = tuple(r for r in RULES if r.progress_loss)
 ZERO_LOSS_RULES: tuple[Rule, ...] = tuple(r for r in RULES if r.progress_zero)
-SIGNATURES: tuple[Signature, ...] = tuple(r.signature for r in RULES)
 
 # Each pattern runs only on lines holding one of its anchors: plain substring tests first (fast), the
 # regex after (a big alternation of 40 patterns costs ~100 µs a line in Python's engine; this, a few µs).

@@ -11,14 +11,13 @@ KEYS = ("loss", "acc_len")
 POINTS = 40  # the newest points kept per series (a sparkline's width)
 
 
-def training_series(points: Sequence[ProgressPoint], keys: Sequence[str] = KEYS,
-                    n: int = POINTS) -> dict[str, list[float]]:
+def training_series(points: Sequence[ProgressPoint]) -> dict[str, list[float]]:
     """Each key's values over the training steps that logged it (evaluation lines apart: `eval_acc_len`), the
-    newest n, oldest first; keys no point carries are left out."""
+    newest POINTS, oldest first; keys no point carries are left out."""
     out: dict[str, list[float]] = {}
     for p in points:
-        for key in keys:
+        for key in KEYS:
             v = p.values.get(key)
             if isinstance(v, int | float) and v == v:  # NaN: not a point to draw
                 out.setdefault(key if p.kind == "train" else f"{p.kind}_{key}", []).append(float(v))
-    return {k: v[-n:] for k, v in out.items()}
+    return {k: v[-POINTS:] for k, v in out.items()}

@@ -1,13 +1,13 @@
 """NVIDIA Xid reports in the kernel log → model.XidEvent, and what each Xid asks for. Pure: lines in, records out.
 
-Lines as `dmesg`, `dmesg -T`, `journalctl -k` and syslog print them (whatever comes before `NVRM:` is kept, unparsed,
-as the event's stamp):
+Lines as `dmesg`, `dmesg -T`, `journalctl -k` and syslog print them (whatever comes before `NVRM:` is
+ignored):
 - `NVRM: Xid (PCI:0000:18:00): 79, pid=1234, name=python, GPU has fallen off the bus.` (pid/name since about R460;
   `pid='<unknown>', name=<unknown>` when the driver could not tell);
 - older `NVRM: Xid (PCI:0000:41:00): 13, Graphics Exception: …` and `NVRM: Xid (0000:18:00): 13, …` with no pid/name;
 - "fallen off the bus" printed without an Xid number — `NVRM: GPU at 0000:01:00.0 has fallen off the bus.` and the
   three lines `NVRM: The NVIDIA GPU 0000:b3:00.0` / `(PCI ID: …) installed in this system has` / `fallen off the bus
-  and is not responding to commands.` of newer drivers — counted as Xid 79 (`implied`): the GPU is gone either way.
+  and is not responding to commands.` of newer drivers — counted as Xid 79: the GPU is gone either way.
 Meanings and actions follow NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, the Ampere-and-newer table's
 "immediate action", and the A100 memory error management guide), mapped onto model.GpuAction.
 """
@@ -157,10 +157,6 @@ _THE_GPU_RE = re.compile(r"NVRM: The NVIDIA GPU " + _ADDR + r"\s*$")
 _FOLLOW_LINES = 3  # a split "fallen off the bus" message ends within this many lines of its address
 
 
-def _stamp(line: str, at: int) -> str | None:
-    return line[:at].strip() or None
-
-
 def _unknown(value: str | None) -> str | None:
     v = (value or "").strip().strip("'\"")
     return None if not v or v.lower() in ("<unknown>", "unknown", "n/a") else v
@@ -179,12 +175,11 @@ def parse_xid_line(line: str) -> XidEvent | None:
         rest = rest[name_m.end():] if name_m else rest
         return XidEvent(xid=int(m["xid"]), pci=normalize_pci(m["addr"]),
                         pid=int(pid) if pid is not None and pid.isdigit() else None,
-                        process=_unknown(name_m["name"]) if name_m else None, message=rest.strip(), raw=text,
-                        stamp=_stamp(text, m.start()))
+                        process=_unknown(name_m["name"]) if name_m else None, message=rest.strip(), raw=text)
     m = _FELL_RE.search(text)
     if m:
         return XidEvent(xid=79, pci=normalize_pci(m["addr"]), pid=None, process=None,
-                        message="GPU has fallen off the bus", raw=text, stamp=_stamp(text, m.start()), implied=True)
+                        message="GPU has fallen off the bus", raw=text)
     return None
 
 
@@ -193,7 +188,7 @@ def xid_events(lines: Iterable[str] | str) -> list[XidEvent]:
     if isinstance(lines, str):
         lines = lines.splitlines()
     out: list[XidEvent] = []
-    pending: tuple[str, int, str | None] | None = None  # (first line, lines left, its stamp) of a split message
+    pending: tuple[str, int] | None = None  # (first line, lines left) of a split message
     for line in lines:
         event = parse_xid_line(line)
         if event is not None:
@@ -202,17 +197,16 @@ def xid_events(lines: Iterable[str] | str) -> list[XidEvent]:
             continue
         m = _THE_GPU_RE.search(line)
         if m:
-            pending = (line.rstrip("\r\n"), _FOLLOW_LINES, _stamp(line, m.start()))
+            pending = (line.rstrip("\r\n"), _FOLLOW_LINES)
             continue
         if pending is None:
             continue
-        first, left, stamp = pending
+        first, left = pending
         if "fallen off the bus" in line:
             addr = _THE_GPU_RE.search(first)
             out.append(XidEvent(xid=79, pci=normalize_pci(addr["addr"]) if addr else None, pid=None, process=None,
-                                message="GPU has fallen off the bus", raw=first + "\n" + line.rstrip("\r\n"),
-                                stamp=stamp, implied=True))
+                                message="GPU has fallen off the bus", raw=first + "\n" + line.rstrip("\r\n")))
             pending = None
         else:
-            pending = (first, left - 1, stamp) if left > 1 else None
+            pending = (first, left - 1) if left > 1 else None
     return out

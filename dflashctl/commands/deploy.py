@@ -37,7 +37,6 @@ class Source:
 
     path: Path
     prefix: str  # "trainer": lands as code/trainer/...; "": its files directly under code/
-    origin: str  # "--source", "code_source" or "bundled"
 
     @property
     def label(self) -> str:
@@ -85,7 +84,6 @@ class DeployResult:
     bytes_sent: int
     path: str | None
     seconds: float
-    previous_hash: str | None = None
     source: Source | None = None
 
     def to_record(self, host: str) -> dict[str, Any]:
@@ -98,23 +96,23 @@ class DeployResult:
 def resolve_source(host: Host | None, source: Path | None = None) -> Source:
     """--source, else the host's code_source, else the trainer installed with us."""
     if source is not None:
-        return _source(Path(source).expanduser(), "--source", lambda problem: ConfigError(
+        return _source(Path(source).expanduser(), lambda problem: ConfigError(
             f"--source {source}: {problem}", hint="pass the directory of the code to deploy"))
     if host is not None and host.code_source:
-        return _source(Path(host.code_source), "code_source", lambda problem: host_key_error(
+        return _source(Path(host.code_source), lambda problem: host_key_error(
             host, "code_source", f"{host.code_source}: {problem}",
             hint="fix code_source in hosts.toml, or pass --source DIR"))
-    return Source(bundled_trainer(), "trainer", "bundled")
+    return Source(bundled_trainer(), "trainer")
 
 
-def _source(path: Path, origin: str, error: Callable[[str], ConfigError]) -> Source:
+def _source(path: Path, error: Callable[[str], ConfigError]) -> Source:
     if not path.exists():
         raise error("no such directory")
     if not path.is_dir():
         raise error("not a directory")
     path = path.resolve()
     package = path.name == "trainer" and any((path / f).is_file() for f in ("__init__.py", "__main__.py"))
-    return Source(path, "trainer" if package else "", origin)
+    return Source(path, "trainer" if package else "")
 
 
 def bundled_trainer() -> Path:
@@ -199,8 +197,7 @@ def deploy(target: Target, source: Path | None = None, *, force: bool = False,
     state = state or check(target, source, limits=limits)
     src = state.source or resolve_source(target.host, source)
     if state.current and not force:
-        return DeployResult(False, state.local_hash, state.files, 0, state.remote_path, time.monotonic() - t0,
-                            state.recorded_hash, src)
+        return DeployResult(False, state.local_hash, state.files, 0, state.remote_path, time.monotonic() - t0, src)
     entries = files_of(src, limits or Limits.of(target.host))
     with _reading(src):
         data = codetree.pack(str(src.path), src.prefix, entries)
@@ -210,5 +207,4 @@ def deploy(target: Target, source: Path | None = None, *, force: bool = False,
         raise DflashError(f"deploy to {target.host.name} failed: {res['error']}", exit_code=ExitCode.CRASHED,
                           hint="a file changed while it was sent? run deploy again" if "mismatch" in res["error"]
                           else None)
-    return DeployResult(True, res["hash"], len(entries), len(data), res.get("path"), time.monotonic() - t0,
-                        state.recorded_hash, src)
+    return DeployResult(True, res["hash"], len(entries), len(data), res.get("path"), time.monotonic() - t0, src)

@@ -72,19 +72,6 @@ class Target:
         """Run a stdlib Python script sent on stdin: no quoting of the script, ever."""
         return self.run([self.host.python, "-", *args], stdin=script.encode(), timeout=timeout)
 
-    def write_file(self, path: str, data: bytes, *, timeout: float | None = 60) -> None:
-        """Write bytes to a path on the target (atomically: temp file, then rename)."""
-        script = (
-            "import os,sys\n"
-            "p=sys.argv[1]; t=p+'.tmp-%d'%os.getpid()\n"
-            "os.makedirs(os.path.dirname(p) or '.', exist_ok=True)\n"
-            "with open(t,'wb') as f: f.write(sys.stdin.buffer.read()); f.flush(); os.fsync(f.fileno())\n"
-            "os.replace(t,p)\n"
-        )
-        # The script travels as an argument to -c (quoted once by the transport), the data on stdin.
-        res = self.run([self.host.python, "-c", script, path], stdin=data, timeout=timeout)
-        res.check(f"writing {path} on {self.host.name}")
-
     def close(self) -> None:
         self.transport.close()
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dflashctl.analysis.cause import tail_lines
-from dflashctl.analysis.events import EVENTS_FILE, Event, read_events  # noqa: F401  (the records; re-exported)
+from dflashctl.analysis.events import Event
 from dflashctl.analysis.verdict import EndWatch, ProcessState
 from dflashctl.analysis.watchspec import Policy
 from dflashctl.model import GpuFinding, Signature, SignatureHit, ThreadState, Verdict

@@ -34,12 +34,13 @@ from dflashctl.agent.probe.main import report
 from dflashctl.agent.probe.request import ProbeRequest
 from dflashctl.agent.stacks import capture
 from dflashctl.analysis import judging
+from dflashctl.analysis.events import EVENTS_FILE, Event
 from dflashctl.analysis.watcher import StatusView
 from dflashctl.analysis.watchspec import SentinelSpec
 from dflashctl.model import Verdict
 from dflashctl.report import parse_report
 from dflashctl.sentinel.chain import restart_why
-from dflashctl.sentinel.events import EVENTS_FILE, Event, EventTracker
+from dflashctl.sentinel.events import EventTracker
 from dflashctl.sentinel.gpurecheck import recheck_within, refusal_message
 from dflashctl.sentinel.notify import Notifier
 from dflashctl.sentinel.policy import Decision, PolicyState

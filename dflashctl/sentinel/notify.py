@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dflashctl.analysis.cause import cause_lines
+from dflashctl.analysis.events import Event
 from dflashctl.analysis.watchspec import NotifyTarget
 from dflashctl.sentinel.deliver import FAILED_VERDICTS, deliver, one_line, redact
-from dflashctl.sentinel.events import Event
 
 # most severe first; "ended-with-failure" is an `ended` event whose run crashed, was lost or stopped, or exited ≠ 0
 SEVERITY = ("worker-crashed", "policy", "stalled", "idle-gpus", "signature", "ended-with-failure", "restart",

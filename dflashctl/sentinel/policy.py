@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dflashctl.analysis.events import Event
 from dflashctl.analysis.health import Thresholds
 from dflashctl.analysis.watchspec import Policy
-from dflashctl.sentinel.events import Event, fmt_duration, gpus_label, one_line
+from dflashctl.sentinel.events import fmt_duration, gpus_label, one_line
 
 if TYPE_CHECKING:
     from dflashctl.analysis.watcher import StatusView

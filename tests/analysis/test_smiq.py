@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl.analysis.gpuhealth import THROTTLE_BITS, gpu_health, health_findings
+from dflashctl.analysis.gpuhealth import gpu_health, health_findings
 from dflashctl.analysis.gpus import GpuParseError, parse_nvidia_smi
-from dflashctl.analysis.smiq import Q_REASON_BITS, gpu_health_from_q, looks_like_q
+from dflashctl.analysis.smiq import Q_REASON_BITS, THROTTLE_BITS, gpu_health_from_q, looks_like_q
 from dflashctl.cli import main
 from dflashctl.commands.diagnose import diagnose
 from dflashctl.model import GpuAction, GpuHealth, GpuReport, HealthSeverity

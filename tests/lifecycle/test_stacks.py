@@ -216,8 +216,6 @@ def test_capture_saves_the_raw_dumps_and_returns_a_summary(tmp_path, monkeypatch
             "stalled: no step for 10m", "cap", "faulthandler", "faulthandler")
         assert {v["name"] for v in rec["threads"].values()} == {"MainThread", "worker-0", "worker-1"}
         assert any(code == "time.sleep(0.05)" for code in rec["code"].values())
-        again = capture(str(rd), "cap", "again", save=False)
-        assert again["path"] is None and again["dumped"] == 1
 
         os.kill(proc.pid, signal.SIGSTOP)  # a stopped process cannot run its handler: bounded, one reason
         t0 = time.monotonic()

@@ -346,13 +346,6 @@ def test_target_reports_an_unknown_container_as_not_found(pve: PveEnv) -> None:
     assert "Configuration file" in exc.value.message and "999.conf" in exc.value.message
 
 
-def test_write_file_through_pct_exec_lands_in_the_container_workspace(pve: PveEnv) -> None:
-    data = bytes(range(256)) * 1000
-    with pve.connect() as target:
-        target.write_file("/workspace/dflash/sub dir/it's.bin", data)
-    assert (pve.workspace_dir / "dflash" / "sub dir" / "it's.bin").read_bytes() == data
-
-
 def test_a_local_host_with_a_container_runs_pct_exec_on_this_machine(
     pve: PveEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:

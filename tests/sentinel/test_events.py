@@ -7,10 +7,11 @@ import base64
 import json
 from typing import Any
 
+from dflashctl.analysis.events import Event, read_events
 from dflashctl.analysis.watcher import StatusView, Watcher
 from dflashctl.analysis.watchspec import Policy
 from dflashctl.report import parse_report
-from dflashctl.sentinel.events import HOLD_S, Event, EventTracker, read_events
+from dflashctl.sentinel.events import HOLD_S, EventTracker
 
 # the probe's query, as nvidia-smi prints it with --format=csv,nounits (header included)
 SMI_HEADER = "index, uuid, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%], power.draw [W]\n"

@@ -4,9 +4,9 @@ out — the latter first: its dumps are written then), and which GPUs an attempt
 
 from __future__ import annotations
 
+from dflashctl.analysis.events import Event
 from dflashctl.analysis.gpuexclude import decide, gpus_needed
 from dflashctl.model import GpuAction, HealthFinding, HealthSeverity
-from dflashctl.sentinel.events import Event
 from dflashctl.sentinel.main import hang_reason
 from dflashctl.sentinel.notify import compose
 

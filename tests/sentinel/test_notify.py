@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from harness.poll import wait_until
 
+from dflashctl.analysis.events import Event
 from dflashctl.analysis.watchspec import NOTIFIABLE, NotifyTarget
 from dflashctl.sentinel.deliver import DeliveryError, deliver, text_of
-from dflashctl.sentinel.events import Event
 from dflashctl.sentinel.notify import DEADLINE_ERROR, MAX_LISTED, Notifier, compose, select
 
 OOM = {"id": "cuda-oom", "summary": "CUDA out of memory", "remedy": "lower --batch-size or enable checkpointing"}
