@@ -295,6 +295,10 @@ def test_a_refused_py_spy_and_no_dump_signal_is_exit_2_with_the_ptrace_hint(loca
     assert cli("stop").code == 103
 
 
+# a program that says it runs (so /proc/<pid>/cmdline is its own, not the exec in flight), then waits for stdin
+READY_THEN_WAIT = "import sys\nprint(\"up\", flush=True)\nsys.stdin.read()\n"
+
+
 @pytest.mark.parametrize("shape", ["agent.pyz", "sentinel.pyz"])
 def test_a_runs_sentinel_is_recognised_in_both_shapes_of_its_command_line(tmp_path: Path, shape: str) -> None:
     """A run started before the agent archive runs `python3 <run>/sentinel.pyz <run>`; one after, `python3
@@ -305,10 +309,11 @@ def test_a_runs_sentinel_is_recognised_in_both_shapes_of_its_command_line(tmp_pa
 
     program = tmp_path / shape
     with zipfile.ZipFile(program, "w") as z:
-        z.writestr("__main__.py", "import sys\nsys.stdin.read()\n")
+        z.writestr("__main__.py", READY_THEN_WAIT)
     args = [str(program), "sentinel", str(tmp_path)] if shape == "agent.pyz" else [str(program), str(tmp_path)]
-    proc = subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        assert proc.stdout.readline() == b"up\n"  # running its program: its cmdline is whole
         argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode().split("\0")[:-1]
         assert argv[1:] == args
         assert _role(proc.pid, argv, None, None) == "sentinel"
@@ -327,11 +332,12 @@ def test_a_frame_of_a_pruned_install_is_read_from_the_processs_own_archive(tmp_p
     run = tmp_path / "run"
     run.mkdir()
     with zipfile.ZipFile(run / "agent.pyz", "w") as z:
-        z.writestr("__main__.py", "import sys\nsys.stdin.read()\n")
+        z.writestr("__main__.py", READY_THEN_WAIT)
         z.writestr("dflashctl/agent/mod.py", "x = 1\nwaiting_here = True\n")
     pruned = tmp_path / ".agent" / f"{'a' * 64}.pyz"  # never there: pruned
-    proc = subprocess.Popen([sys.executable, str(run / "agent.pyz")], stdin=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, str(run / "agent.pyz")], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        assert proc.stdout.readline() == b"up\n"
         lines = code_lines(proc.pid, [(f"{pruned}/dflashctl/agent/mod.py", 2), (f"{pruned}/dflashctl/nope.py", 1)])
         assert lines == {f"{pruned}/dflashctl/agent/mod.py:2": "waiting_here = True"}
     finally:
