@@ -104,3 +104,16 @@ def publish(lines: list[str], out: str | Path) -> int:
 def summary(seconds: list[float]) -> tuple[float, float]:
     """(median, best) of one row's calls."""
     return statistics.median(seconds), min(seconds)
+
+
+def alternate(rows: dict, calls: int, once: Callable) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(wall, cpu) seconds of every row, `calls` rounds, the rows alternating within each round (so load drifts hit
+    them alike). rows: name -> (argv, env, stdin); once(argv, env, stdin) -> (wall, cpu, stdout)."""
+    wall: dict[str, list[float]] = {k: [] for k in rows}
+    cpu: dict[str, list[float]] = {k: [] for k in rows}
+    for _ in range(calls):
+        for name, (argv, e, stdin) in rows.items():
+            dt, dc, _ = once(argv, e, stdin)
+            wall[name].append(dt)
+            cpu[name].append(dc)
+    return wall, cpu

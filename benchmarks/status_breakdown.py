@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from loopback import DFLASHCTL, frozen_run, loopback_pve, publish, raw_oneliner, result_path, sshd_missing
+from loopback import DFLASHCTL, alternate, frozen_run, loopback_pve, publish, raw_oneliner, result_path, sshd_missing
 from startup import exported, hosts_with_persist
 
 from dflashctl.remote import agentcall, agentpack
@@ -172,13 +172,7 @@ def main() -> int:
                 assert out.startswith(b"{") and json.loads(out).get("verdict"), (name, out[:300])
             if name.startswith(("probe +", "raw")):
                 assert out.startswith(b"{}") or b"===" in out, (name, out[:300])
-        wall: dict[str, list[float]] = {k: [] for k in rows}
-        cpu: dict[str, list[float]] = {k: [] for k in rows}
-        for _ in range(args.calls):
-            for name, (argv, e, stdin) in rows.items():
-                dt, dc, _ = once(argv, e, stdin)
-                wall[name].append(dt)
-                cpu[name].append(dc)
+        wall, cpu = alternate(rows, args.calls, once)
         rounds = in_process(env, {"warm master": on}, run_dir.name, ct, args.calls * 2)
         imports = subprocess.run([sys.executable, "-X", "importtime", "-c", "import dflashctl.cli.status"],
                                  capture_output=True, env=env, check=True).stderr.decode().splitlines()

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from loopback import ROOT, frozen_run, loopback_pve, publish, raw_oneliner, result_path, sshd_missing
+from loopback import ROOT, alternate, frozen_run, loopback_pve, publish, raw_oneliner, result_path, sshd_missing
 from startup import exported, hosts_with_persist
 
 LAPTOP = """
@@ -95,13 +95,7 @@ def main() -> int:
                 assert out.startswith(b"{") and json.loads(out).get("verdict"), (name, out[:300])
             elif name.startswith("probe"):
                 assert b"DFLASH-RESULT " in out, (name, out[:300])
-        wall: dict[str, list[float]] = {k: [] for k in rows}
-        cpu: dict[str, list[float]] = {k: [] for k in rows}
-        for _ in range(args.calls):
-            for name, (argv, e, stdin) in rows.items():
-                dt, dc, _ = once(argv, e, stdin)
-                wall[name].append(dt)
-                cpu[name].append(dc)
+        wall, cpu = alternate(rows, args.calls, once)
         subprocess.run([*py, "-m", "dflashctl", "hosts", "disconnect"], env={**env, "PYTHONPATH": str(ROOT),
                        "DFLASHCTL_HOSTS": str(on)}, capture_output=True, timeout=60, check=False)
     shutil.rmtree(old, ignore_errors=True)
