@@ -116,6 +116,23 @@ def cue(run_dir: Path, name: str) -> None:
     (run_dir / name).touch()
 
 
+def launch_rechecking(run_cli, src: Path, name: str, *command: str, opts: tuple[str, ...] = ()) -> Path:  # noqa: ANN001
+    """`launch --exec` whose sentinel re-checks the GPUs before each restart (--exclude-unhealthy-gpus, --restart-on
+    crashed, 0.1 s backoff): the first attempt's run directory."""
+    res = run_cli("launch", "--source", str(src), "--json", "--name", name, "--exclude-unhealthy-gpus",
+                  "--restart-on", "crashed", "--backoff", "0.1s", *opts, "--exec", "--", *command)
+    assert res.code == 0, res.err
+    return Path(res.json()["run_dir"])
+
+
+def log_text(run_dir: Path, name: str = "train.log") -> str:
+    """A run file's text; empty while its directory is being made."""
+    try:
+        return (run_dir / name).read_text()
+    except FileNotFoundError:
+        return ""
+
+
 def run_dirs(workspace: Path) -> list[str]:
     """The run directories of a workspace (not `latest`, not lock files)."""
     runs = workspace / "runs"

@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 from lifecycle.conftest import _no_run_outlives_its_test  # noqa: F401 - autouse: no run outlives its test
 
-from .conftest import cue, kill_tree_quietly, run_dirs, sentinel_pid, wait_exit_code, wait_until
+from .conftest import (
+    cue,
+    kill_tree_quietly,
+    launch_rechecking,
+    log_text,
+    run_dirs,
+    sentinel_pid,
+    wait_exit_code,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -26,13 +35,6 @@ while not os.path.exists(os.path.join(ctl, "crash")):
     time.sleep(0.05)
 sys.exit(1)
 '''
-
-
-def _log(rd: Path, name: str = "train.log") -> str:
-    try:
-        return (rd / name).read_text()
-    except FileNotFoundError:  # its directory is being made
-        return ""
 
 
 def _hung(folder: Path) -> dict[int, int]:
@@ -57,13 +59,9 @@ def test_a_hung_gpu_recheck_times_out_the_restart_goes_ahead_and_no_nvidia_smi_i
     src = tmp_path / "src"
     src.mkdir()
     (src / "prog.py").write_text(PROG)
-    res = cli("launch", "--source", str(src), "--json", "--name", "hung", "--exclude-unhealthy-gpus",
-              "--restart-on", "crashed", "--max-restarts", "1", "--backoff", "0.1s", "--exec", "--", "python3",
-              "prog.py")
-    assert res.code == 0, res.err
+    first = launch_rechecking(cli, src, "hung", "python3", "prog.py", opts=("--max-restarts", "1"))
     ws = local_host.workspace_dir
-    first = Path(res.json()["run_dir"])
-    wait_until(lambda: "started" in _log(first), timeout=120, what="attempt 1's first line")
+    wait_until(lambda: "started" in log_text(first), timeout=120, what="attempt 1's first line")
     sentinel = sentinel_pid(first)
     try:
         local_host.gpus.extra(hang=str(hung))  # from here every nvidia-smi call hangs until killed
@@ -72,7 +70,7 @@ def test_a_hung_gpu_recheck_times_out_the_restart_goes_ahead_and_no_nvidia_smi_i
                             what="attempt 2")
         wait_exit_code(first)  # attempt 1's supervisor is done: its sentinel has ended
 
-        log = _log(first, "sentinel.log")
+        log = log_text(first, "sentinel.log")
         assert "GPU re-check before attempt 2 failed: no answer within 4 s" in log, log[-2000:]
         restart = json.loads((first / "restart.json").read_text())
         assert restart["attempt"] == 2 and "gpus" not in restart  # no reading: the GPUs as they were
@@ -82,7 +80,7 @@ def test_a_hung_gpu_recheck_times_out_the_restart_goes_ahead_and_no_nvidia_smi_i
 
         local_host.gpus.extra(hang=None)  # the driver answers again; attempt 2's own wait may have met the hang:
         kill_tree_quietly(*(p for p in _hung(hung) if _living(p)))  # its reading fails, the next answers
-        wait_until(lambda: "started" in _log(second), timeout=120, what="attempt 2's first line")
+        wait_until(lambda: "started" in log_text(second), timeout=120, what="attempt 2's first line")
         cue(second, "crash")
         wait_exit_code(second)
     finally:

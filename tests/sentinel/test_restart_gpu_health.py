@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from lifecycle.conftest import _no_run_outlives_its_test  # noqa: F401 - autouse: no run outlives its test
 
-from .conftest import cue, of_kind, run_dirs, wait_exit_code, wait_until
+from .conftest import cue, launch_rechecking, log_text, of_kind, run_dirs, wait_exit_code, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -46,13 +46,6 @@ def _attempts(workspace: Path) -> list[Path]:
     return [workspace / "runs" / n for n in run_dirs(workspace)]
 
 
-def _log(rd: Path) -> str:
-    try:
-        return (rd / "train.log").read_text()
-    except FileNotFoundError:  # its directory is being made
-        return ""
-
-
 def test_a_gpu_that_turns_unhealthy_between_attempts_is_left_out_of_the_next(local_host, cli, tmp_path,
                                                                              monkeypatch) -> None:  # noqa: ANN001
     kmsg = tmp_path / "kmsg"
@@ -60,21 +53,17 @@ def test_a_gpu_that_turns_unhealthy_between_attempts_is_left_out_of_the_next(loc
     monkeypatch.setenv("DFLASH_FAKE_KMSG", str(kmsg))
     local_host.set_gpus([{"memory.used": 3}, {"memory.used": 3}, {"memory.used": 3}])
     src = _deploy(cli, tmp_path)
-    res = cli("launch", "--source", str(src), "--json", "--name", "gpus", "--exclude-unhealthy-gpus",
-              "--restart-on", "crashed", "--max-restarts", "2", "--backoff", "0.1s", "--exec", "--", "python3",
-              "visible.py")
-    assert res.code == 0, res.err
+    first = launch_rechecking(cli, src, "gpus", "python3", "visible.py", opts=("--max-restarts", "2"))
     ws = local_host.workspace_dir
-    first = Path(res.json()["run_dir"])
-    wait_until(lambda: "visible=" in _log(first), what="attempt 1's first line")
-    assert "visible=-" in _log(first)  # every GPU healthy: nothing left out, nothing set
+    wait_until(lambda: "visible=" in log_text(first), what="attempt 1's first line")
+    assert "visible=-" in log_text(first)  # every GPU healthy: nothing left out, nothing set
 
     local_host.set_gpus([{"memory.used": 3}, {"memory.used": 3, **REMAP}, {"memory.used": 3}])
     cue(first, "crash")
     second = wait_until(lambda: len(_attempts(ws)) >= 2 and _attempts(ws)[1], timeout=120, what="attempt 2")
-    wait_until(lambda: "visible=" in _log(second), timeout=120, what="attempt 2's first line")
-    assert "visible=0,2" in _log(second)
-    assert "[dflashctl] restart: left out GPU 1 (row-remap-pending" in _log(second)
+    wait_until(lambda: "visible=" in log_text(second), timeout=120, what="attempt 2's first line")
+    assert "visible=0,2" in log_text(second)
+    assert "[dflashctl] restart: left out GPU 1 (row-remap-pending" in log_text(second)
     gpus = json.loads((first / "restart.json").read_text())["gpus"]
     assert gpus["keep"] == [0, 2] and list(gpus["left_out"]) == ["1"] and gpus["visible"] == "0,2"
     (restart,) = of_kind(first, "restart")
@@ -82,7 +71,7 @@ def test_a_gpu_that_turns_unhealthy_between_attempts_is_left_out_of_the_next(loc
     assert "left out GPU 1 (row-remap-pending: remapped_rows.pending=yes" in restart["message"]
     assert restart["message"].endswith("the attempt gets CUDA_VISIBLE_DEVICES=0,2")
     sentence = restart["message"][restart["message"].index("left out "):]
-    assert f"[dflashctl] restart: {sentence}\n" in _log(second)  # the log line and the event say the same
+    assert f"[dflashctl] restart: {sentence}\n" in log_text(second)  # the log line and the event say the same
     assert json.loads((second / "meta.json").read_text())["gpus_left_out"] == {"1": gpus["left_out"]["1"]}
     launched = json.loads((second / "launch.json").read_text())["env"]
     assert launched["CUDA_VISIBLE_DEVICES"] == "0,2" and launched["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
@@ -90,8 +79,8 @@ def test_a_gpu_that_turns_unhealthy_between_attempts_is_left_out_of_the_next(loc
     kmsg.write_text(XID_79_GPU2 + "\n")  # GPU 2 falls off the bus while attempt 2 runs
     cue(second, "crash")
     third = wait_until(lambda: len(_attempts(ws)) >= 3 and _attempts(ws)[2], timeout=120, what="attempt 3")
-    wait_until(lambda: "visible=" in _log(third), timeout=120, what="attempt 3's first line")
-    assert "visible=0" in _log(third) and "visible=0," not in _log(third)
+    wait_until(lambda: "visible=" in log_text(third), timeout=120, what="attempt 3's first line")
+    assert "visible=0" in log_text(third) and "visible=0," not in log_text(third)
     (restart,) = of_kind(second, "restart")
     assert "GPU 1 (row-remap-pending" in restart["message"] and "GPU 2 (xid-79" in restart["message"]
     cue(third, "crash")
@@ -101,12 +90,9 @@ def test_a_gpu_that_turns_unhealthy_between_attempts_is_left_out_of_the_next(loc
 def test_no_attempt_starts_when_fewer_healthy_gpus_remain_than_the_ranks_need(local_host, cli, tmp_path) -> None:  # noqa: ANN001
     local_host.set_gpus([{"memory.used": 3}, {"memory.used": 3}, {"memory.used": 3}])
     src = _deploy(cli, tmp_path)
-    res = cli("launch", "--source", str(src), "--json", "--name", "ranks", "--exclude-unhealthy-gpus",
-              "--restart-on", "crashed", "--backoff", "0.1s", "--env", "OMP_NUM_THREADS=1", "--exec", "--",
-              "python3", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "visible.py")
-    assert res.code == 0, res.err
-    first = Path(res.json()["run_dir"])
-    wait_until(lambda: "visible=" in _log(first), timeout=120, what="rank 0's first line")
+    first = launch_rechecking(cli, src, "ranks", "python3", "-m", "torch.distributed.run", "--standalone",
+                              "--nproc-per-node", "2", "visible.py", opts=("--env", "OMP_NUM_THREADS=1"))
+    wait_until(lambda: "visible=" in log_text(first), timeout=120, what="rank 0's first line")
 
     local_host.set_gpus([{"memory.used": 3}, {"memory.used": 3, **REMAP}, {"memory.used": 3, **ECC}])
     cue(first, "crash")
@@ -125,21 +111,19 @@ def test_no_attempt_starts_when_fewer_healthy_gpus_remain_than_the_ranks_need(lo
 
 
 def test_in_a_container_the_sentinel_rechecks_the_gpus_it_sees_there(pve, cli, tmp_path) -> None:  # noqa: ANN001
-    """The same over ssh + `pct exec` in a real LXC container: the sentinel, from its bundle, reads the container's
-    nvidia-smi and leaves out the GPU with an uncorrectable ECC error."""
+    """The same over ssh + `pct exec` in a real LXC container: the sentinel, from its agent archive, reads the
+    container's nvidia-smi and leaves out the GPU with an uncorrectable ECC error."""
     pve.set_gpus([{"memory.used": 3}, {"memory.used": 3}, {"memory.used": 3}])
     src = _deploy(cli, tmp_path)
-    res = cli("launch", "--source", str(src), "--json", "--name", "ctgpus", "--exclude-unhealthy-gpus",
-              "--restart-on", "crashed", "--backoff", "0.1s", "--exec", "--", "python3", "visible.py")
-    assert res.code == 0, res.err
+    launch_rechecking(cli, src, "ctgpus", "python3", "visible.py")
     ws = pve.workspace_dir / "dflash"
     first = _attempts(ws)[0]
-    wait_until(lambda: "visible=" in _log(first), timeout=120, what="attempt 1's first line")
+    wait_until(lambda: "visible=" in log_text(first), timeout=120, what="attempt 1's first line")
     pve.set_gpus([{"memory.used": 3}, {"memory.used": 3}, {"memory.used": 3, **ECC}])
     cue(first, "crash")
     second = wait_until(lambda: len(_attempts(ws)) >= 2 and _attempts(ws)[1], timeout=120, what="attempt 2")
-    wait_until(lambda: "visible=" in _log(second), timeout=120, what="attempt 2's first line")
-    assert "visible=0,1" in _log(second)
+    wait_until(lambda: "visible=" in log_text(second), timeout=120, what="attempt 2's first line")
+    assert "visible=0,1" in log_text(second)
     gpus = json.loads((first / "restart.json").read_text())["gpus"]
     assert gpus["keep"] == [0, 1] and list(gpus["left_out"]) == ["2"], gpus
     cue(second, "crash")
