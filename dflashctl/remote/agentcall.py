@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dflashctl.agent import agentinstall
 from dflashctl.agent.lib.frame import PROTOCOL_VERSION, SENTINEL
-from dflashctl.errors import DflashError, ExitCode, RemoteFailed
+from dflashctl.errors import RemoteFailed
 from dflashctl.remote import agentpack
 from dflashctl.remote.target import Target
 from dflashctl.remote.transport import Result
@@ -188,8 +188,8 @@ def call(target: Target, verb: str, spec: dict, *, data: bytes = b"", timeout: f
     if docs:
         return docs[-1]
     hint = _no_python_hint(target, False) if res.exit_code == 127 else None
-    raise DflashError(f"{verb} on {target.host.name} gave no result (exit {res.exit_code}): "
-                      f"{res.tail() or 'no output'}", hint=hint, exit_code=ExitCode.CRASHED)
+    raise RemoteFailed(f"{verb} on {target.host.name} gave no result (exit {res.exit_code}): "
+                       f"{res.tail() or 'no output'}", hint=hint)
 
 
 def parse_reply(line: str) -> dict | None:

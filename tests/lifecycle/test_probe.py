@@ -267,15 +267,17 @@ def test_cutting_a_hung_nvidia_smi_ends_it_and_the_reading_returns_an_error(
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
     query = SmiQuery()
+    query.timeout_s = 3600  # only cut() can end the call: its own limit would pass this test without it
     got: list = []
     reading = threading.Thread(target=lambda: got.append(query.run()))
     reading.start()
     deadline = time.monotonic() + 60
     while not pidfile.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert pidfile.exists(), "the stand-in nvidia-smi never started"
     pid = int(pidfile.read_text())
     query.cut(0)
     reading.join(60)
-    assert not reading.is_alive() and got[0][0] is None and got[0][1]
+    assert not reading.is_alive() and got[0][0] is None and got[0][1] and "timed out" not in got[0][1], got
     assert not Path(f"/proc/{pid}").exists()
     query.cut(0)  # none in flight: nothing to kill, no error

@@ -195,3 +195,11 @@ def test_a_watch_whose_archive_is_rewritten_right_after_its_install_fails_in_one
             next(lines)
         lines.close()
     assert "does not pass the bootstrap's check" in got.value.message and "\n" not in got.value.message
+
+
+def test_a_call_whose_program_replies_nothing_is_a_remote_failure_in_one_line(local_host) -> None:
+    """No reply from the container is 106 (REMOTE_FAILED), not 100: scripts must not read it as a crashed run."""
+    with local_host.connect() as target, pytest.raises(RemoteFailed) as got:
+        agentcall.call(target, "mark", {"not": "a mark spec"})
+    assert got.value.exit_code == ExitCode.REMOTE_FAILED and "gave no result" in got.value.message
+    assert "\n" not in got.value.message
