@@ -87,7 +87,9 @@ def test_live_view_in_a_terminal_selects_sorts_and_quits(scene, tmp_path):
         if out:  # docs/gpus-screen.txt is made this way
             Path(out).write_text("\n".join(line.rstrip() for line in screen.splitlines()).rstrip() + "\n")
         tmux.keys("q")
-        dead, status = wait_until(lambda: (lambda d: d if d[0] else None)(tmux.dead()), 30, "the view to end on q")
+        # tmux marks the pane dead when its pty closes, and fills the status once it reaped the process: wait for both
+        dead, status = wait_until(lambda: (lambda d: d if d[0] and d[1] else None)(tmux.dead()), 30,
+                                  "the view to end on q")
         assert status == "0"
     finally:
         tmux.close()
